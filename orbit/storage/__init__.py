@@ -1,0 +1,30 @@
+"""Storage layer: DSN parsing, the aiomysql pool, transactions with bounded retry, CAS, SQL files.
+
+Everything that talks to the database goes through :class:`Database` and :class:`Tx`.
+"""
+
+from orbit.storage.db import Database, Tx, TxStats
+from orbit.storage.dsn import DEFAULT_DSN, DSN
+from orbit.storage.errors import (
+    CasConflict,
+    DuplicateKey,
+    OutcomeUnknown,
+    StorageError,
+    TransientExhausted,
+)
+from orbit.storage.sqlfile import Queries, load_queries
+
+__all__ = [
+    "DEFAULT_DSN",
+    "DSN",
+    "CasConflict",
+    "Database",
+    "DuplicateKey",
+    "OutcomeUnknown",
+    "Queries",
+    "StorageError",
+    "TransientExhausted",
+    "Tx",
+    "TxStats",
+    "load_queries",
+]

@@ -1,0 +1,322 @@
+"""The aiomysql pool and the one transaction helper.
+
+Every connection runs with ``time_zone = '+00:00'`` and READ COMMITTED (MYSQL-NOTES.md:
+REPEATABLE READ's gap locks block producers and deadlock idle pollers). The pool refuses to
+serve a connection whose session settings are not what the code assumes.
+
+:meth:`Database.transaction` runs a function in one transaction and retries the *whole*
+function, a bounded number of times with jitter, on 1213 (deadlock), 1020 (MariaDB snapshot
+conflict) and 1205 (lock wait timeout; the statement alone was rolled back, so we ROLLBACK
+first and never COMMIT after it), and on a connection lost before COMMIT was sent. A
+connection lost *during* COMMIT raises :class:`OutcomeUnknown`: the caller re-reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import aiomysql
+import pymysql
+from pymysql.constants import CLIENT
+
+from orbit.storage.dsn import DSN
+from orbit.storage.errors import (
+    CONNECTION_ERRORS,
+    DUPLICATE,
+    RETRYABLE,
+    CasConflict,
+    DuplicateKey,
+    OutcomeUnknown,
+    TransientExhausted,
+    duplicate_key_name,
+    error_code,
+)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+SESSION_INIT = "SET time_zone = '+00:00', SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+EXPECTED_ISOLATION = "READ-COMMITTED"
+
+#: When a list, every statement run through a :class:`Tx` is appended to it (tests use it to
+#: check that runtime queries carry a ``namespace_id`` predicate).
+STATEMENT_LOG: list[str] | None = None
+
+
+@dataclass
+class TxStats:
+    """Counters for /metrics: commits, retries by MySQL error code, unknown outcomes."""
+
+    commits: int = 0
+    rollbacks: int = 0
+    retries: Counter[int] = field(default_factory=Counter)
+    exhausted: int = 0
+    outcome_unknown: int = 0
+
+
+class SessionSettingsError(RuntimeError):
+    """A pooled connection does not run with UTC and READ COMMITTED."""
+
+
+class _CommitLost(Exception):
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Tx:
+    """One open transaction on one connection. Only store modules call its methods."""
+
+    __slots__ = ("_conn", "_cur", "lastrowid")
+
+    def __init__(self, conn: aiomysql.Connection, cur: aiomysql.Cursor) -> None:
+        self._conn = conn
+        self._cur = cur
+        self.lastrowid: int | None = None
+
+    async def execute(self, sql: str, args: Any = None) -> int:
+        """Run one statement; return the affected (matched) row count.
+
+        A duplicate key becomes :class:`DuplicateKey` naming the index.
+        """
+        if STATEMENT_LOG is not None:
+            STATEMENT_LOG.append(sql)
+        try:
+            n = await self._cur.execute(sql, args)
+        except pymysql.err.IntegrityError as exc:
+            if error_code(exc) == DUPLICATE:
+                raise DuplicateKey(duplicate_key_name(exc) or "", str(exc)) from exc
+            raise
+        self.lastrowid = self._cur.lastrowid
+        return int(n or 0)
+
+    async def executemany(self, sql: str, args: Iterable[Any]) -> int:
+        """Run one statement for many parameter sets (aiomysql batches INSERT ... VALUES)."""
+        if STATEMENT_LOG is not None:
+            STATEMENT_LOG.append(sql)
+        try:
+            n = await self._cur.executemany(sql, list(args))
+        except pymysql.err.IntegrityError as exc:
+            if error_code(exc) == DUPLICATE:
+                raise DuplicateKey(duplicate_key_name(exc) or "", str(exc)) from exc
+            raise
+        return int(n or 0)
+
+    async def fetchone(self, sql: str, args: Any = None) -> Row | None:
+        await self.execute(sql, args)
+        row = await self._cur.fetchone()
+        return row  # type: ignore[no-any-return]
+
+    async def fetchall(self, sql: str, args: Any = None) -> list[Row]:
+        await self.execute(sql, args)
+        rows = await self._cur.fetchall()
+        return list(rows)
+
+    async def fetchval(self, sql: str, args: Any = None) -> Any:
+        row = await self.fetchone(sql, args)
+        if row is None:
+            return None
+        return next(iter(row.values()))
+
+    async def cas(self, sql: str, args: Any, entity: str, detail: str = "") -> None:
+        """Run a guarded UPDATE (``WHERE ... AND revision = ...``); raise CasConflict on 0 rows."""
+        if await self.execute(sql, args) == 0:
+            raise CasConflict(entity, detail)
+
+
+class Database:
+    """A pool of session-checked connections plus the transaction helper."""
+
+    def __init__(
+        self,
+        dsn: DSN,
+        *,
+        minsize: int = 1,
+        maxsize: int = 10,
+        max_retries: int = 5,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.dsn = dsn
+        self.minsize = minsize
+        self.maxsize = maxsize
+        self.max_retries = max_retries
+        self.connect_timeout = connect_timeout
+        self.stats = TxStats()
+        self._pool: aiomysql.Pool | None = None
+
+    @classmethod
+    async def connect(cls, dsn: DSN, **kw: Any) -> Database:
+        db = cls(dsn, **kw)
+        await db.open()
+        return db
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        self._pool = await aiomysql.create_pool(
+            minsize=self.minsize,
+            maxsize=self.maxsize,
+            autocommit=False,
+            init_command=SESSION_INIT,
+            client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
+            charset="utf8mb4",
+            connect_timeout=self.connect_timeout,
+            pool_recycle=3600,
+            cursorclass=aiomysql.DictCursor,
+            **self.dsn.connect_kwargs(),
+        )
+        async with self._pool.acquire() as conn:
+            await check_session(conn)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            await self._pool.wait_closed()
+            self._pool = None
+
+    @property
+    def pool(self) -> aiomysql.Pool:
+        if self._pool is None:
+            raise RuntimeError("Database is not open")
+        return self._pool
+
+    def pool_usage(self) -> tuple[int, int, int]:
+        """(size, free, maxsize) of the pool, for /metrics."""
+        p = self._pool
+        if p is None:
+            return (0, 0, self.maxsize)
+        return (p.size, p.freesize, p.maxsize)
+
+    async def transaction(
+        self,
+        fn: Callable[[Tx], Awaitable[T]],
+        *,
+        retries: int | None = None,
+        readonly: bool = False,
+    ) -> T:
+        """Run ``fn(tx)`` in one transaction, retrying the whole of it on transient conflicts.
+
+        Raises :class:`TransientExhausted` after the bounded retries, :class:`OutcomeUnknown`
+        when the connection died during COMMIT, and anything ``fn`` raises (after rollback).
+        """
+        limit = self.max_retries if retries is None else retries
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._run_once(fn, readonly)
+            except _CommitLost as lost:
+                self.stats.outcome_unknown += 1
+                raise OutcomeUnknown(f"connection lost during COMMIT: {lost.cause}") from lost.cause
+            except Exception as exc:
+                code = error_code(exc)
+                if code not in RETRYABLE and code not in CONNECTION_ERRORS:
+                    raise
+                assert code is not None
+                self.stats.retries[code] += 1
+                if attempt > limit:
+                    self.stats.exhausted += 1
+                    raise TransientExhausted(code, attempt) from exc
+                await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
+
+    async def _run_once(self, fn: Callable[[Tx], Awaitable[T]], readonly: bool) -> T:
+        conn = await self.pool.acquire()
+        clean = False
+        try:
+            try:
+                async with conn.cursor() as cur:
+                    result = await fn(Tx(conn, cur))
+            except BaseException as exc:
+                # 1205 rolled back only the statement: ROLLBACK the whole transaction before
+                # anything else (never COMMIT after it). On a dead connection, or when the
+                # rollback itself fails or is cancelled, the connection is closed below and
+                # the server rolls back by itself.
+                if error_code(exc) not in CONNECTION_ERRORS:
+                    try:
+                        await asyncio.shield(conn.rollback())
+                        clean = not isinstance(exc, asyncio.CancelledError)
+                    except BaseException:
+                        clean = False
+                    self.stats.rollbacks += 1
+                raise
+            if readonly:
+                await conn.rollback()
+            else:
+                try:
+                    await conn.commit()
+                except Exception as exc:
+                    if error_code(exc) in CONNECTION_ERRORS:
+                        raise _CommitLost(exc) from exc
+                    raise
+                self.stats.commits += 1
+            clean = True
+            return result
+        finally:
+            if not clean:
+                conn.close()
+            self.pool.release(conn)
+
+    async def read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run read-only ``fn`` in a READ COMMITTED transaction that is rolled back."""
+        return await self.transaction(fn, readonly=True)
+
+    async def fetchall(self, sql: str, args: Any = None) -> list[Row]:
+        async def q(tx: Tx) -> list[Row]:
+            return await tx.fetchall(sql, args)
+
+        return await self.read(q)
+
+    async def fetchone(self, sql: str, args: Any = None) -> Row | None:
+        async def q(tx: Tx) -> Row | None:
+            return await tx.fetchone(sql, args)
+
+        return await self.read(q)
+
+    async def now(self) -> datetime:
+        """The database clock (UTC), the only clock leases and expiry are judged by."""
+        row = await self.fetchone("SELECT UTC_TIMESTAMP(6) AS now")
+        assert row is not None
+        return row["now"]  # type: ignore[no-any-return]
+
+    async def ping(self, within: float = 2.0) -> bool:
+        try:
+            await asyncio.wait_for(self.fetchone("SELECT 1 AS ok"), within)
+            return True
+        except Exception:
+            return False
+
+
+async def check_session(conn: aiomysql.Connection) -> None:
+    """Refuse a connection that does not run with UTC and READ COMMITTED."""
+    async with conn.cursor() as cur:
+        await cur.execute("SELECT @@session.time_zone AS tz")
+        tz = (await cur.fetchone())["tz"]
+        try:
+            await cur.execute("SELECT @@session.transaction_isolation AS iso")
+        except pymysql.err.OperationalError:
+            await cur.execute("SELECT @@session.tx_isolation AS iso")
+        iso = (await cur.fetchone())["iso"]
+    await conn.rollback()
+    if tz not in ("+00:00", "UTC") or iso != EXPECTED_ISOLATION:
+        raise SessionSettingsError(
+            f"connection runs with time_zone={tz!r}, isolation={iso!r}; "
+            f"Orbit requires '+00:00' and {EXPECTED_ISOLATION}"
+        )
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+def placeholders(values: Sequence[Any]) -> str:
+    """``%s, %s, ...`` for an IN list of ``values`` (never empty: callers check)."""
+    if not values:
+        raise ValueError("empty IN list")
+    return ", ".join(["%s"] * len(values))

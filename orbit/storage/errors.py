@@ -1,0 +1,79 @@
+"""Storage errors and the MySQL error-code classifier (see MYSQL-NOTES.md, "Errors and retries").
+
+StorageError
+ ├── CasConflict          a guarded UPDATE changed no row (revision/state moved on)
+ ├── DuplicateKey         1062 on a unique index; ``key`` names the index
+ ├── OutcomeUnknown       2013 during COMMIT: the transaction may or may not have committed
+ └── TransientExhausted   1213/1205/1020 retried the allowed number of times
+"""
+
+from __future__ import annotations
+
+import re
+
+DEADLOCK = 1213
+LOCK_WAIT_TIMEOUT = 1205
+SNAPSHOT_CONFLICT = 1020  # MariaDB "Record has changed since last read"
+LOST_CONNECTION = 2013
+SERVER_GONE = 2006
+CANT_CONNECT = 2003
+DUPLICATE = 1062
+CHECK_VIOLATED = (4025, 3819)
+TRIGGER_SIGNAL = 1644
+STATEMENT_TIMEOUT = (1969, 3024)
+
+RETRYABLE = frozenset({DEADLOCK, LOCK_WAIT_TIMEOUT, SNAPSHOT_CONFLICT})
+CONNECTION_ERRORS = frozenset({LOST_CONNECTION, SERVER_GONE, CANT_CONNECT})
+
+_DUP_KEY_RE = re.compile(r"for key '(?:[^'.]*\.)?([^']+)'")
+
+
+class StorageError(Exception):
+    """Base of storage-level failures."""
+
+
+class CasConflict(StorageError):
+    """A compare-and-swap update found the row changed (or gone)."""
+
+    def __init__(self, entity: str, detail: str = "") -> None:
+        super().__init__(f"{entity}: concurrent change{': ' + detail if detail else ''}")
+        self.entity = entity
+        self.detail = detail
+
+
+class DuplicateKey(StorageError):
+    """Error 1062 on the unique index ``key``."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class OutcomeUnknown(StorageError):
+    """The connection was lost during COMMIT: callers must re-read before deciding."""
+
+
+class TransientExhausted(StorageError):
+    """A deadlock/lock-wait conflict persisted through every allowed retry."""
+
+    def __init__(self, code: int, attempts: int) -> None:
+        super().__init__(f"transaction conflict {code} persisted after {attempts} attempts")
+        self.code = code
+        self.attempts = attempts
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The MySQL error number of a driver exception, or None."""
+    args = getattr(exc, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0]
+    return None
+
+
+def duplicate_key_name(exc: BaseException) -> str | None:
+    """The index name of a 1062 error ("Duplicate entry ... for key 'uq_x'")."""
+    if error_code(exc) != DUPLICATE:
+        return None
+    msg = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+    m = _DUP_KEY_RE.search(msg)
+    return m.group(1) if m else ""
