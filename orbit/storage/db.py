@@ -42,7 +42,10 @@ from orbit.storage.errors import (
 T = TypeVar("T")
 Row = dict[str, Any]
 
-SESSION_INIT = "SET time_zone = '+00:00', SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+SESSION_INIT = (
+    "SET SESSION time_zone = '+00:00'",
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+)
 EXPECTED_ISOLATION = "READ-COMMITTED"
 
 #: When a list, every statement run through a :class:`Tx` is appended to it (tests use it to
@@ -164,7 +167,6 @@ class Database:
             minsize=self.minsize,
             maxsize=self.maxsize,
             autocommit=False,
-            init_command=SESSION_INIT,
             client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
             charset="utf8mb4",
             connect_timeout=self.connect_timeout,
@@ -172,8 +174,21 @@ class Database:
             cursorclass=aiomysql.DictCursor,
             **self.dsn.connect_kwargs(),
         )
-        async with self._pool.acquire() as conn:
-            await check_session(conn)
+        conn = await self._pool.acquire()
+        try:
+            await self._prepare(conn)
+        finally:
+            self._pool.release(conn)
+
+    async def _prepare(self, conn: aiomysql.Connection) -> None:
+        """Set and verify the session settings once per physical connection."""
+        if getattr(conn, "_orbit_ready", False):
+            return
+        async with conn.cursor() as cur:
+            for stmt in SESSION_INIT:
+                await cur.execute(stmt)
+        await check_session(conn)
+        conn._orbit_ready = True
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -230,6 +245,7 @@ class Database:
         conn = await self.pool.acquire()
         clean = False
         try:
+            await self._prepare(conn)
             try:
                 async with conn.cursor() as cur:
                     result = await fn(Tx(conn, cur))
