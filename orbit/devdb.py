@@ -1,0 +1,748 @@
+"""A private MariaDB/MySQL server for ``orbit-server --dev``.
+
+:func:`ensure_dev_database` answers "where is my database?" for a developer's laptop: if a
+server answers at the configured DSN it returns ``None`` (use that one). Otherwise it starts a
+private server from the installed binaries (``mariadbd`` or ``mysqld``), as the current user,
+with its own data folder, unix socket and a free TCP port on 127.0.0.1, and returns a
+:class:`DevDatabase` whose ``dsn`` points at it and whose ``stop()`` shuts it down cleanly.
+
+Layout of the data folder (default ``.orbit/mysql``)::
+
+    data/            the server's datadir (initialised once, reused on every later start)
+    initialised      marker written after initialisation succeeded (no marker: initialise again)
+    mysqld.log       the server's error log; install-db.log holds the initialisation output
+    mysqld.pid       written by the server while it runs
+    mysqld.sock      the unix socket (in a short folder under $TMPDIR when this path is too long)
+    port             the last TCP port, reused when it is still free
+    .lock            held while a process starts or adopts the server
+
+A server left running by a previous process (``orbit-server`` killed with SIGKILL) is found by
+its ``--datadir`` argument and *adopted* when it answers, else stopped; a stale pid file or
+socket left by a crash is removed before starting. ``python -m orbit.devdb status|stop|reset``
+inspects, stops or deletes the private database (docs/operations-dev.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pymysql
+
+from orbit.storage.dsn import DSN
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DevDatabase",
+    "DevDatabaseError",
+    "ServerBinaries",
+    "dev_dsn_default",
+    "ensure_dev_database",
+    "find_server_binaries",
+    "server_reachable",
+    "start_dev_database",
+    "stop_dev_database",
+]
+
+log = logging.getLogger("orbit.devdb")
+
+DEFAULT_DATA_DIR = Path(".orbit/mysql")
+START_TIMEOUT = 60.0  # seconds for initialisation + start-up until the server answers
+STOP_TIMEOUT = 30.0  # seconds after SIGTERM before SIGKILL
+#: Where the binaries are looked for besides $PATH (a user's PATH often lacks the sbin folders).
+SEARCH_DIRS = (
+    "/usr/sbin",
+    "/usr/local/sbin",
+    "/usr/bin",
+    "/usr/local/bin",
+    "/usr/local/mysql/bin",
+    "/usr/local/mariadb/bin",
+    "/usr/libexec",
+    "/opt/homebrew/bin",
+    "/opt/homebrew/sbin",
+)
+INSTALL_HINT = (
+    "install MariaDB (Debian/Ubuntu: `sudo apt-get install mariadb-server`, or run "
+    "`sudo scripts/db-up`, which installs and starts the system server), or point "
+    "--dsn / ORBIT_DSN at a server that is running"
+)
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes; keep a margin
+_BIND_ERRORS = ("Bind on TCP/IP port", "Address already in use", "Do you already have another")
+
+
+class DevDatabaseError(RuntimeError):
+    """The private dev database could not be found, initialised or started; says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerBinaries:
+    """The installed server and how to initialise a data folder for it."""
+
+    server: Path  # mariadbd or mysqld
+    flavor: Literal["mariadb", "mysql"]
+    install_db: Path | None  # mariadb-install-db; None means `mysqld --initialize-insecure`
+    version: str
+
+
+def dev_dsn_default() -> DSN:
+    """The DSN ``--dev`` tries first: ``$ORBIT_DSN``, else ``mysql://root@127.0.0.1:3306/orbit``."""
+    return DSN.from_env()
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the binaries
+
+
+def _candidates(names: Sequence[str], search_path: Sequence[str | Path] | None) -> Iterator[Path]:
+    if search_path is None:
+        dirs: list[str] = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+        dirs += [d for d in SEARCH_DIRS if d not in dirs]
+    else:
+        dirs = [str(d) for d in search_path]
+    for name in names:
+        for d in dirs:
+            p = Path(d) / name
+            if p.is_file() and os.access(p, os.X_OK):
+                yield p
+
+
+def find_server_binaries(search_path: Sequence[str | Path] | None = None) -> ServerBinaries:
+    """Find ``mariadbd``/``mysqld`` (and ``mariadb-install-db``) in $PATH and the usual sbin folders.
+
+    ``search_path`` replaces that list of folders. Raises :class:`DevDatabaseError` with
+    install instructions when no server binary is found.
+    """
+    server = next(_candidates(("mariadbd", "mysqld"), search_path), None)
+    if server is None:
+        raise DevDatabaseError(
+            f"no MariaDB/MySQL server binary (mariadbd, mysqld) found: {INSTALL_HINT}"
+        )
+    try:
+        out = subprocess.run(
+            [str(server), "--no-defaults", "--version"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        version = (out.stdout or out.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DevDatabaseError(f"{server} --version failed: {exc}") from exc
+    if "mariadb" in version.lower():
+        install_db = next(
+            _candidates(("mariadb-install-db", "mysql_install_db"), search_path), None
+        )
+        if install_db is None:
+            raise DevDatabaseError(
+                f"found {server} but not mariadb-install-db to initialise a data folder: {INSTALL_HINT}"
+            )
+        return ServerBinaries(server, "mariadb", install_db, version)
+    return ServerBinaries(server, "mysql", None, version)
+
+
+# --------------------------------------------------------------------------------------------
+# Probing
+
+
+def _server_error(exc: BaseException) -> bool:
+    """True when the error came from a server (it answered), False for a connection failure."""
+    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return not 2000 <= exc.args[0] < 3000
+    return False
+
+
+def _ping(dsn: DSN, timeout: float) -> bool:
+    try:
+        conn = pymysql.connect(connect_timeout=timeout, **dsn.connect_kwargs(with_database=False))
+    except Exception as exc:
+        return _server_error(exc)
+    conn.close()
+    return True
+
+
+async def server_reachable(dsn: DSN, *, connect_timeout: float = 2.0) -> bool:
+    """True when a MySQL/MariaDB server answers at ``dsn``'s address.
+
+    A server that answers but refuses the login (wrong password, unknown user) counts as
+    reachable: starting a private server would not fix the DSN, and connecting will say why.
+    """
+    return await asyncio.to_thread(_ping, dsn, connect_timeout)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+
+
+def _pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _servers_on(datadir: Path) -> list[int]:
+    """Pids of live processes started with ``--datadir=<datadir>`` (Linux: /proc; else the pid file)."""
+    wanted = f"--datadir={datadir}"
+    proc = Path("/proc")
+    pids: list[int] = []
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if (
+                entry.name.isdigit()
+                and wanted in _cmdline(int(entry.name))
+                and _pid_alive(int(entry.name))
+            ):
+                pids.append(int(entry.name))
+        return pids
+    pid_file = datadir.parent / "mysqld.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text().strip())
+        if _pid_alive(pid):
+            pids.append(pid)
+    return pids
+
+
+def _arg_value(args: Sequence[str], name: str) -> str | None:
+    prefix = f"--{name}="
+    return next((a[len(prefix) :] for a in args if a.startswith(prefix)), None)
+
+
+#: Server processes started by this Python process, so that whoever stops one also reaps it.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        _CHILDREN.pop(pid, None)
+        return False
+    return _pid_alive(pid)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise DevDatabaseError(
+            f"the dev database server (pid {pid}) belongs to another user: stop it as that user"
+        ) from None
+
+
+def _stop_pid(pid: int, grace: float) -> None:
+    """SIGTERM (the server's clean shutdown), wait up to ``grace`` seconds, then SIGKILL."""
+    if not _alive(pid):
+        return
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            log.warning("dev database (pid %d) did not stop in %.0f s: SIGKILL", pid, grace)
+            _signal(pid, signal.SIGKILL)
+            kill_deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < kill_deadline:
+                time.sleep(0.05)
+            return
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# The running server
+
+
+@dataclass(eq=False)
+class DevDatabase:
+    """A private server started (or adopted) by :func:`ensure_dev_database`.
+
+    ``dsn`` reaches it over TCP on 127.0.0.1 as root with no password; ``socket`` is its unix
+    socket. ``adopted`` is True when it was already running (left by an earlier process).
+    ``stop()``/``stop_sync()`` shut it down cleanly and may be called more than once.
+    """
+
+    dsn: DSN
+    data_dir: Path
+    socket: Path
+    log_file: Path
+    pid: int
+    adopted: bool = False
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def running(self) -> bool:
+        """The server process is alive."""
+        return not self._stopped and _alive(self.pid)
+
+    async def stop(self, grace: float = STOP_TIMEOUT) -> None:
+        """Shut the server down: SIGTERM, wait up to ``grace`` seconds, then SIGKILL.
+
+        Runs in a thread; cancelling the caller does not interrupt the shutdown.
+        """
+        await asyncio.to_thread(self.stop_sync, grace)
+
+    def stop_sync(self, grace: float = STOP_TIMEOUT) -> None:
+        """:meth:`stop` for code without an event loop (``finally`` after ``asyncio.run``, atexit)."""
+        if self._stopped:
+            return
+        _stop_pid(self.pid, grace)
+        self._stopped = True
+        log.info("dev database stopped (%s)", self.data_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# Starting
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    root: Path
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def marker(self) -> Path:
+        return self.root / "initialised"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "mysqld.log"
+
+    @property
+    def install_log(self) -> Path:
+        return self.root / "install-db.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "mysqld.pid"
+
+    @property
+    def port_file(self) -> Path:
+        return self.root / "port"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def socket(self) -> Path:
+        path = self.root / "mysqld.sock"
+        if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+            return path
+        tag = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"orbit-devdb-{os.getuid()}-{tag}" / "mysqld.sock"
+
+
+def _socket_dsn(sock: Path, database: str) -> DSN:
+    return DSN(user="root", password="", database=database, unix_socket=str(sock))
+
+
+def _query_one(dsn: DSN, sql: str, *, with_database: bool = False) -> object:
+    conn = pymysql.connect(connect_timeout=5, **dsn.connect_kwargs(with_database=with_database))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            row = cur.fetchone()
+            return row[0] if row else None
+    finally:
+        conn.close()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _choose_port(layout: _Layout) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        port = int(layout.port_file.read_text().strip())
+        if 1024 <= port < 65536 and _port_free(port):
+            return port
+    return _free_port()
+
+
+def _tail(path: Path, start: int = 0, lines: int = 15) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _run_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _spawn(cmd: list[str], log_path: Path | None) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` detached from our stdio (and from the terminal's signals).
+
+    subprocess.Popen rather than asyncio's subprocess: the server must be stoppable from
+    code without an event loop (:meth:`DevDatabase.stop_sync`). Fork+exec is quick.
+    """
+    if log_path is None:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    with log_path.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def _run(cmd: list[str], log_path: Path, deadline: float) -> int:
+    """Run a short command with its output in ``log_path``; kill it past ``deadline`` or on cancel."""
+    proc = _spawn(cmd, log_path)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() >= deadline:
+                raise DevDatabaseError(
+                    f"{Path(cmd[0]).name} did not finish in time (log: {log_path})"
+                )
+            await asyncio.sleep(0.05)
+        return proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def _initialise(bins: ServerBinaries, layout: _Layout, deadline: float) -> None:
+    """Create a fresh datadir with root@localhost/127.0.0.1 and no password."""
+    # A datadir without the marker is a half-done earlier initialisation.
+    await asyncio.to_thread(shutil.rmtree, layout.datadir, ignore_errors=True)
+    user = ["--user=root"] if _run_as_root() else []
+    if bins.install_db is not None:
+        cmd = [
+            str(bins.install_db),
+            "--no-defaults",
+            f"--datadir={layout.datadir}",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            *user,
+        ]
+    else:
+        cmd = [
+            str(bins.server),
+            "--no-defaults",
+            "--initialize-insecure",
+            f"--datadir={layout.datadir}",
+            *user,
+        ]
+    log.info("initialising the dev database in %s", layout.datadir)
+    rc = await _run(cmd, layout.install_log, deadline)
+    if rc != 0:
+        raise DevDatabaseError(
+            f"{Path(cmd[0]).name} failed with exit code {rc} (log: {layout.install_log}):\n"
+            + _tail(layout.install_log)
+        )
+    await asyncio.to_thread(layout.marker.write_text, bins.version + "\n")
+
+
+def _server_command(bins: ServerBinaries, layout: _Layout, port: int) -> list[str]:
+    cmd = [
+        str(bins.server),
+        "--no-defaults",  # must come first: no /etc/mysql, no ~/.my.cnf
+        f"--datadir={layout.datadir}",
+        f"--socket={layout.socket}",
+        f"--port={port}",
+        "--bind-address=127.0.0.1",
+        f"--pid-file={layout.pid_file}",
+        f"--log-error={layout.log_file}",
+        "--character-set-server=utf8mb4",
+        "--collation-server=utf8mb4_general_ci",
+    ]
+    if bins.flavor == "mariadb":
+        cmd.append("--skip-name-resolve")  # root@127.0.0.1 exists; no DNS look-ups
+    else:
+        cmd += ["--mysqlx=OFF", "--skip-log-bin"]  # no second port; no binlog (trigger rules)
+    if _run_as_root():
+        cmd.append("--user=root")
+    return cmd
+
+
+def _clear_stale(layout: _Layout) -> None:
+    sock = layout.socket
+    for path in (layout.pid_file, sock, sock.with_name(sock.name + ".lock")):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+async def _wait_answering(dsn: DSN, deadline: float, alive: Iterator[bool]) -> bool:
+    """Poll ``dsn`` until it answers (True), the process dies or the deadline passes (False)."""
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(_ping, dsn, 1.0):
+            return True
+        if not next(alive):
+            return False
+        await asyncio.sleep(0.1)
+    return False
+
+
+def _alive_iter(pid: int) -> Iterator[bool]:
+    while True:
+        yield _alive(pid)
+
+
+async def _adopt_or_stop_running(layout: _Layout, database: str) -> DevDatabase | None:
+    """A server already running from this datadir: adopt it when it answers, else stop it."""
+    for pid in _servers_on(layout.datadir):
+        args = _cmdline(pid)
+        sock = Path(_arg_value(args, "socket") or layout.socket)
+        sdsn = _socket_dsn(sock, database)
+        if await _wait_answering(sdsn, time.monotonic() + 3.0, _alive_iter(pid)):
+            port = int(str(await asyncio.to_thread(_query_one, sdsn, "SELECT @@port")))
+            log.info("adopting the dev database already running from %s (pid %d)", layout.root, pid)
+            return DevDatabase(
+                dsn=DSN(user="root", password="", host="127.0.0.1", port=port, database=database),
+                data_dir=layout.root,
+                socket=sock,
+                log_file=layout.log_file,
+                pid=pid,
+                adopted=True,
+            )
+        log.warning("stopping a dev database that does not answer (pid %d)", pid)
+        await asyncio.to_thread(_stop_pid, pid, STOP_TIMEOUT)
+    return None
+
+
+@contextlib.asynccontextmanager
+async def _locked(layout: _Layout, deadline: float) -> AsyncIterator[None]:
+    """Hold an exclusive flock on the data folder (two processes never start it at once)."""
+    fd = os.open(layout.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise DevDatabaseError(
+                        f"another process holds {layout.lock_file} (starting the dev database?)"
+                    ) from None
+                await asyncio.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _prepare(data_dir: Path) -> _Layout:
+    layout = _Layout(Path(data_dir).resolve())
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return layout
+
+
+def _before_start(layout: _Layout) -> tuple[int, int]:
+    """Remove a crash's leftovers; return (port to use, current size of the log)."""
+    _clear_stale(layout)
+    size = layout.log_file.stat().st_size if layout.log_file.exists() else 0
+    return _choose_port(layout), size
+
+
+async def start_dev_database(
+    data_dir: Path = DEFAULT_DATA_DIR,
+    *,
+    database: str = "orbit",
+    start_timeout: float = START_TIMEOUT,
+    binaries: ServerBinaries | None = None,
+) -> DevDatabase:
+    """Start (or adopt) the private server of ``data_dir`` and create ``database`` in it.
+
+    Initialises the data folder on first use (a few seconds); later starts reuse it. Waits
+    at most ``start_timeout`` seconds for initialisation plus start-up. Raises
+    :class:`DevDatabaseError` (with the end of the server's log) when it cannot.
+    """
+    deadline = time.monotonic() + start_timeout
+    bins = binaries or await asyncio.to_thread(find_server_binaries)
+    layout = await asyncio.to_thread(_prepare, data_dir)
+    async with _locked(layout, deadline):
+        dev = await _adopt_or_stop_running(layout, database)
+        if dev is None:
+            if not await asyncio.to_thread(layout.marker.exists):
+                await _initialise(bins, layout, deadline)
+            dev = await _start_server(bins, layout, database, deadline)
+        try:
+            await asyncio.to_thread(
+                _query_one,
+                _socket_dsn(dev.socket, database),
+                f"CREATE DATABASE IF NOT EXISTS `{database.replace('`', '``')}`"
+                " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            )
+            # The DSN we hand out goes over TCP: prove that it works.
+            await asyncio.to_thread(_query_one, dev.dsn, "SELECT 1", with_database=True)
+        except BaseException as exc:
+            if not dev.adopted:
+                await asyncio.shield(dev.stop(grace=10))
+            if isinstance(exc, pymysql.err.MySQLError):
+                raise DevDatabaseError(
+                    f"the dev database started but does not accept {dev.dsn}: {exc}"
+                ) from exc
+            raise
+    return dev
+
+
+async def _start_server(
+    bins: ServerBinaries, layout: _Layout, database: str, deadline: float
+) -> DevDatabase:
+    for _attempt in range(3):
+        port, log_start = await asyncio.to_thread(_before_start, layout)
+        cmd = _server_command(bins, layout, port)
+        log.info("starting the dev database: %s", " ".join(cmd))
+        # Own session: a Ctrl-C in the terminal reaches orbit-server, which stops us cleanly.
+        proc = _spawn(cmd, None)
+        _CHILDREN[proc.pid] = proc
+        dev = DevDatabase(
+            dsn=DSN(user="root", password="", host="127.0.0.1", port=port, database=database),
+            data_dir=layout.root,
+            socket=layout.socket,
+            log_file=layout.log_file,
+            pid=proc.pid,
+        )
+        try:
+            up = await _wait_answering(
+                _socket_dsn(layout.socket, database), deadline, _alive_iter(proc.pid)
+            )
+        except BaseException:
+            await asyncio.shield(dev.stop(grace=10))
+            raise
+        if up:
+            await asyncio.to_thread(layout.port_file.write_text, f"{port}\n")
+            log.info(
+                "dev database ready at %s (pid %d, data in %s)", dev.dsn, dev.pid, dev.data_dir
+            )
+            return dev
+        tail = await asyncio.to_thread(_tail, layout.log_file, log_start)
+        if _alive(proc.pid):
+            await dev.stop(grace=10)
+            raise DevDatabaseError(
+                f"the dev database did not answer in time (log: {layout.log_file}):\n{tail}"
+            )
+        if any(marker in tail for marker in _BIND_ERRORS) and time.monotonic() < deadline:
+            log.warning("port %d was taken; trying another", port)
+            await asyncio.to_thread(layout.port_file.unlink, missing_ok=True)
+            continue
+        raise DevDatabaseError(
+            f"{bins.server.name} exited with code {proc.returncode} during start-up "
+            f"(log: {layout.log_file}):\n{tail}"
+        )
+    raise DevDatabaseError(
+        f"could not get a free TCP port for the dev database ({layout.log_file})"
+    )
+
+
+async def ensure_dev_database(
+    dsn: DSN,
+    *,
+    data_dir: Path = DEFAULT_DATA_DIR,
+    start_timeout: float = START_TIMEOUT,
+) -> DevDatabase | None:
+    """``None`` when a server answers at ``dsn`` (use it); else a private server's :class:`DevDatabase`.
+
+    The private server's database is named like ``dsn``'s (``orbit`` by default). Raises
+    :class:`DevDatabaseError` when no server binary is installed (saying how to install one)
+    or when the private server cannot start within ``start_timeout`` seconds.
+    """
+    if await server_reachable(dsn):
+        return None
+    log.info("no database answers at %s: starting a private one in %s", dsn, data_dir)
+    return await start_dev_database(data_dir, database=dsn.database, start_timeout=start_timeout)
+
+
+def stop_dev_database(data_dir: Path = DEFAULT_DATA_DIR, grace: float = STOP_TIMEOUT) -> int:
+    """Stop every server running from ``data_dir`` (e.g. left by a killed run); return how many."""
+    layout = _Layout(Path(data_dir).resolve())
+    pids = _servers_on(layout.datadir)
+    for pid in pids:
+        _stop_pid(pid, grace)
+    return len(pids)
+
+
+# --------------------------------------------------------------------------------------------
+# python -m orbit.devdb status|stop|reset [DATA_DIR]
+
+
+def _main(argv: Sequence[str]) -> int:
+    usage = "usage: python -m orbit.devdb status|stop|reset [DATA_DIR]  (default .orbit/mysql)"
+    if not argv or argv[0] not in ("status", "stop", "reset") or len(argv) > 2:
+        print(usage, file=sys.stderr)
+        return 2
+    layout = _Layout(Path(argv[1] if len(argv) > 1 else DEFAULT_DATA_DIR).resolve())
+    if argv[0] == "status":
+        pids = _servers_on(layout.datadir)
+        state = f"running (pid {', '.join(map(str, pids))})" if pids else "not running"
+        init = "initialised" if layout.marker.exists() else "not initialised"
+        print(f"{layout.root}: {init}, {state}")
+        return 0
+    stopped = stop_dev_database(layout.root)
+    print(f"stopped {stopped} server(s) running from {layout.root}")
+    if argv[0] == "reset":
+        _clear_stale(layout)
+        if layout.socket.parent != layout.root:
+            shutil.rmtree(layout.socket.parent, ignore_errors=True)
+        if layout.root.exists():
+            shutil.rmtree(layout.root)
+        print(f"deleted {layout.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sys.exit(_main(sys.argv[1:]))
