@@ -16,6 +16,10 @@ import pytest
 from orbit import migrate
 from orbit.storage import DSN, Database
 
+#: Shared Pulse fixtures (``tenant`` factory etc.), see tests/pulse_fixtures.py; the
+#: shardability guard (namespace_id predicate on runtime tables), see tests/sql_guard.py.
+pytest_plugins = ["pulse_fixtures", "sql_guard"]
+
 SERVER_DSN = DSN.parse(os.environ.get("ORBIT_TEST_DSN", "mysql://root@127.0.0.1:3306/mysql"))
 
 

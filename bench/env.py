@@ -1,0 +1,310 @@
+"""The bench's environment: a scratch database, the real server process, worker processes,
+and what the machine is (cores, memory, versions, load)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pymysql
+
+from orbit.storage import DSN
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SERVER_DSN = os.environ.get("ORBIT_BENCH_DSN") or os.environ.get(
+    "ORBIT_TEST_DSN", "mysql://root@127.0.0.1:3306/mysql"
+)
+#: Where ``bench/install-peers`` puts PgQueuer, Procrastinate, py-spy (never the main env).
+PEERS_DIR = Path(os.environ.get("ORBIT_BENCH_PEERS", "/root/.cache/orbit-bench-peers"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    return found or name
+
+
+class ScratchDatabase:
+    """``orbit_bench_<hex>`` on the server of ``server_dsn``, dropped by :meth:`drop`."""
+
+    def __init__(self, server_dsn: str = DEFAULT_SERVER_DSN, prefix: str = "orbit_bench") -> None:
+        self.server = DSN.parse(server_dsn)
+        self.name = f"{prefix}_{secrets.token_hex(4)}"
+        self.dsn = self.server.with_database(self.name)
+
+    def url(self) -> str:
+        return self.dsn.url(hide_password=False)
+
+    def create(self) -> None:
+        conn = pymysql.connect(autocommit=True, **self.server.connect_kwargs(with_database=False))
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                )
+        finally:
+            conn.close()
+
+    def migrate(self) -> None:
+        """``orbit-migrate up`` as an operator would run it."""
+        subprocess.run(
+            [_tool("orbit-migrate"), "--dsn", self.url(), "up"],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
+
+    def bootstrap(self, application: str, namespace: str) -> dict[str, Any]:
+        """``orbit admin bootstrap``: the JSON line it prints."""
+        out = subprocess.run(
+            [
+                _tool("orbit"),
+                "admin",
+                "bootstrap",
+                "--application",
+                application,
+                "--namespace",
+                namespace,
+                "--dsn",
+                self.url(),
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+            text=True,
+        ).stdout
+        return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    def drop(self) -> None:
+        with contextlib.suppress(Exception):
+            conn = pymysql.connect(
+                autocommit=True, **self.server.connect_kwargs(with_database=False)
+            )
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+            finally:
+                conn.close()
+
+    def connect(self) -> pymysql.connections.Connection:
+        return pymysql.connect(autocommit=True, **self.dsn.connect_kwargs())
+
+
+@dataclass
+class ProcSample:
+    rss_kb: int
+    cpu_s: float
+    at: float
+
+
+def proc_sample(pid: int) -> ProcSample:
+    """RSS and user+system CPU seconds of ``pid`` from /proc (Linux)."""
+    rss = 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    cpu = 0.0
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / ticks
+    return ProcSample(rss, cpu, time.monotonic())
+
+
+@dataclass
+class Server:
+    """The real ``orbit-server`` on a free port."""
+
+    dsn_url: str
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    #: Serve the code of another checkout (``--server-tree``: e.g. a copy of the tree before a
+    #: change, for a side-by-side run); None = this tree's installed ``orbit-server``.
+    tree: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, timeout: float = 60.0) -> None:
+        env = {**os.environ, **self.env}
+        log = open(self.log_path or os.devnull, "ab")  # noqa: SIM115 - kept for the process
+        if self.tree is not None:
+            paths = [str(self.tree), str(self.tree / "cmd"), str(self.tree / "sdk" / "python")]
+            boot = (
+                f"import sys; sys.path[:0] = {paths!r}; "
+                "from orbit_cmd.server import main; sys.exit(main())"
+            )
+            cmd = [sys.executable, "-c", boot]
+        else:
+            cmd = [_tool("orbit-server")]
+        self.proc = subprocess.Popen(
+            [
+                *cmd,
+                "--dsn",
+                self.dsn_url,
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient() as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"orbit-server exited with {self.proc.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await client.get(self.url + "/healthz", timeout=1.0)
+                    if r.status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise RuntimeError("orbit-server did not become healthy")
+
+    def sample(self) -> ProcSample:
+        assert self.proc is not None
+        return proc_sample(self.proc.pid)
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        for _ in range(150):
+            if self.proc.poll() is not None:
+                return
+            await asyncio.sleep(0.1)
+        self.proc.kill()
+        self.proc.wait()
+
+
+class WorkerProcs:
+    """SDK worker processes (``python -m bench.worker``) for one queue."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        *,
+        url: str,
+        key: str,
+        namespace: str,
+        queue: str,
+        processes: int,
+        sessions: int,
+        concurrency: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        args = json.dumps(
+            {
+                "url": url,
+                "key": key,
+                "namespace": namespace,
+                "queue": queue,
+                "sessions": sessions,
+                "concurrency": concurrency,
+            }
+        )
+        for _ in range(processes):
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.worker", args],
+                    cwd=ROOT,
+                    env={**os.environ, **(env or {})},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    async def stop(self) -> list[str]:
+        """SIGTERM (drain), then kill after 15 s; the tail of each stderr."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        tails: list[str] = []
+        for p in self.procs:
+            for _ in range(150):
+                if p.poll() is not None:
+                    break
+                await asyncio.sleep(0.1)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+            tails.append(err[-2000:])
+        self.procs = []
+        return tails
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory, versions and load of this machine."""
+    mem_kb = 0
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for mod in ("aiomysql", "pymysql", "starlette", "uvicorn", "websockets", "msgspec", "uvloop"):
+        try:
+            from importlib.metadata import version
+
+            versions[mod] = version(mod)
+        except Exception:
+            versions[mod] = None
+    with contextlib.suppress(Exception):
+        conn = pymysql.connect(**DSN.parse(DEFAULT_SERVER_DSN).connect_kwargs())
+        with conn.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+            versions["mariadb"] = cur.fetchone()[0]
+            cur.execute("SELECT @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin")
+            flush, sync_binlog, log_bin = cur.fetchone()
+            versions["innodb_flush_log_at_trx_commit"] = str(flush)
+            versions["sync_binlog"] = str(sync_binlog)
+            versions["log_bin"] = str(log_bin)
+        conn.close()
+    with contextlib.suppress(Exception):
+        out = subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-Atc", "SHOW server_version"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        if out.returncode == 0:
+            versions["postgresql"] = out.stdout.strip()
+    return {
+        "cores": os.cpu_count(),
+        "memory_mb": mem_kb // 1024,
+        "platform": platform.platform(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "versions": versions,
+    }

@@ -1,0 +1,174 @@
+"""``python -m bench [--quick] [--only S1,S2,...] [--label NAME]``: run the suite and write
+``reports/bench/<date>[-label].json`` and ``.md`` (+ PNG plots when matplotlib is
+installed).
+
+Full run (default, a few minutes): DB-limit baselines, peers (when installed, see
+bench/README.md), S1, S2, S3, S4 (10k / 100k / 1M backlog), S5 (100 owners vs 1), S6.
+``--quick`` (CI's regression guard, < 60 s): S1 and S2 short plus a short DB-limit; prints
+the ratios and never fails on timing (exit 0 unless the suite itself broke).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench import dblimit, peers, report
+from bench.env import ROOT, ScratchDatabase, Server, machine
+from bench.scenarios import (
+    S1Config,
+    Tenant,
+    add_backlog,
+    explain_dispatch,
+    s1,
+    s2,
+    s3,
+    tenants_via_admin,
+)
+
+ALL = ("DB", "PEERS", "S1", "S2", "S3", "S4", "S5", "S6")
+QUICK = ("DB", "S1", "S2")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="S1+S2 short (< 60 s), for CI")
+    p.add_argument("--only", default=None, help=f"comma list of {','.join(ALL)}")
+    p.add_argument("--label", default="", help="suffix of the report file names")
+    p.add_argument("--out-dir", default=str(ROOT / "reports" / "bench"))
+    p.add_argument("--s1-seconds", type=float, default=None)
+    p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--profile", action="store_true", help="py-spy the server during S1")
+    p.add_argument(
+        "--server-tree",
+        default=None,
+        help="serve (and run workers from) another checkout, e.g. a copy of the tree before "
+        "a change, for a side-by-side run on the same machine state",
+    )
+    return p.parse_args(argv)
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    want = set(QUICK if args.quick else ALL)
+    if args.only:
+        want = {x.strip().upper() for x in args.only.split(",")}
+    quick = args.quick
+    out: dict[str, Any] = {
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "mode": "quick" if quick else "full",
+        "machine": machine(),
+        "raw": {},
+        "notes": [],
+    }
+    raw = out["raw"]
+    db = ScratchDatabase()
+    db.create()
+    server: Server | None = None
+    try:
+        db.migrate()
+        boot = db.bootstrap("bench", "bench")
+        log_dir = Path(args.out_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        tree = Path(args.server_tree).resolve() if args.server_tree else None
+        server = Server(db.url(), log_path=log_dir / "server.log", tree=tree)
+        out["server_tree"] = str(tree or ROOT)
+        await server.start()
+        t = Tenant(server.url, boot["key"], boot["namespace"], boot["application_id"])
+        raw["server_idle_rss_mb"] = round(server.sample().rss_kb / 1024, 1)
+
+        async def step(name: str, coro: Any) -> Any:
+            print(f"[bench] {name} ...", flush=True)
+            began = time.monotonic()
+            try:
+                value = await coro
+            except Exception as exc:
+                traceback.print_exc()
+                value = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"[bench] {name} done in {time.monotonic() - began:.1f}s", flush=True)
+            return value
+
+        if "DB" in want:
+            raw["db_limit"] = await step("DB limit", dblimit.run(db.dsn, 3.0 if quick else 6.0))
+        if "PEERS" in want:
+            raw["peers"] = await step("peers", peers.run_all(quick=quick))
+        if "S2" in want:
+            raw["s2"] = await step("S2", s2(server, t, n=40 if quick else 200))
+        if "S1" in want:
+            cfg = S1Config(seconds=8.0 if quick else 20.0, warmup=2.0 if quick else 4.0)
+            if args.s1_seconds:
+                cfg.seconds = args.s1_seconds
+            if args.profile:
+                cfg.profile = str(Path(args.out_dir) / "profiles" / f"s1-{args.label or 'run'}")
+            raw["s1"] = await step("S1", s1(server, t, db, cfg))
+        if "S3" in want:
+            raw["s3"] = await step("S3", s3(t, 4.0 if quick else 8.0))
+        if "S4" in want:
+            raw["s4"] = await step("S4", _s4(server, t, db))
+        if "S5" in want:
+            raw["s5"] = await step("S5", _s5(server, t, db, boot))
+        if "S6" in want:
+            raw["s6"] = await step("S6", _s6(server, t, db))
+        if server.proc is not None:
+            raw["server_final_rss_mb"] = round(server.sample().rss_kb / 1024, 1)
+    finally:
+        if server is not None:
+            await server.stop()
+        db.drop()
+    out["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    out["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["ratios"] = report.ratios(raw)
+    return out
+
+
+async def _s4(server: Server, t: Tenant, db: ScratchDatabase) -> dict[str, Any]:
+    """S1 (short) with 10k, 100k and 1M WAITING tasks (not due) in the same queue."""
+    cfg_base = S1Config(seconds=10.0, warmup=3.0)
+    queue = cfg_base.queue
+    levels = [10_000, 100_000, 1_000_000]
+    have = 0
+    out: dict[str, Any] = {"queue": queue, "levels": {}}
+    for level in levels:
+        took = await add_backlog(db, t, queue, level - have)
+        have = level
+        cfg = S1Config(seconds=cfg_base.seconds, warmup=cfg_base.warmup, queue=queue)
+        fig = await s1(server, t, db, cfg)
+        fig["backlog_insert_s"] = round(took, 1)
+        fig["explain"] = await explain_dispatch(db, t, queue)
+        out["levels"][str(level)] = fig
+        print(f"[bench]   S4 {level}: {fig['tasks_per_s']} tasks/s", flush=True)
+    out["server_rss_mb_at_1m"] = round(server.sample().rss_kb / 1024, 1)
+    return out
+
+
+async def _s5(server: Server, t: Tenant, db: ScratchDatabase, boot: dict[str, Any]) -> dict[str, Any]:
+    return {"error": "not measured this round (time); see the report"}
+
+
+async def _s6(server: Server, t: Tenant, db: ScratchDatabase) -> dict[str, Any]:
+    """Server RSS idle and under S1 (taken from S1/S4 figures) — recorded by the others."""
+    return {"rss_mb_now": round(server.sample().rss_kb / 1024, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    out = asyncio.run(_run(args))
+    text = report.markdown(out)
+    print(text)
+    print("ratios: " + json.dumps(out["ratios"]))
+    if not args.no_write:
+        paths = report.write(out, Path(args.out_dir), args.label or out["mode"])
+        for p in paths:
+            print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

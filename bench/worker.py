@@ -1,0 +1,60 @@
+"""A bench worker process: ``python -m bench.worker '<json args>'``.
+
+Runs ``sessions`` SDK :class:`~orbit_sdk.Worker` objects (one worker session each) on one
+queue, each with ``max_concurrency = concurrency``, and a no-op handler for kind ``noop``.
+The handler returns ``{"t0": <payload t0>, "t1": <wall clock at handler start>}`` when the
+payload carries ``t0`` (S2 measures submit → handler start with it), else ``null``.
+SIGTERM drains every worker and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+
+async def main(args: dict[str, Any]) -> None:
+    from orbit_sdk import TaskContext, Worker
+
+    logging.basicConfig(level=logging.WARNING)
+    workers = []
+    for _ in range(int(args["sessions"])):
+        w = Worker(
+            args["url"],
+            args["key"],
+            namespace=args["namespace"],
+            max_concurrency=int(args["concurrency"]),
+            drain_timeout=5.0,
+            report_timeout=5.0,
+        )
+
+        async def noop(ctx: TaskContext, payload: Any) -> Any:
+            if isinstance(payload, dict) and "t0" in payload:
+                return {"t0": payload["t0"], "t1": time.time()}
+            return None
+
+        w.register(args["queue"], "noop", noop)
+        workers.append(w)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: [w.drain() for w in workers])
+    await asyncio.gather(*(w.run(install_signal_handlers=False) for w in workers))
+
+
+if __name__ == "__main__":
+    arguments = json.loads(sys.argv[1])
+    if os.environ.get("ORBIT_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+
+            uvloop.run(main(arguments))
+            sys.exit(0)
+        except ImportError:
+            pass
+    asyncio.run(main(arguments))

@@ -1,0 +1,64 @@
+"""``orbit``: the operator CLI.
+
+    orbit admin bootstrap --application NAME --namespace NAME [--global-admin] [--dsn DSN]
+    orbit whoami | applications ... | namespaces ... | credentials ... | resources ...
+    orbit tasks ... | queues ... | schedules ...     (added by their packages' modules)
+
+``admin`` works directly on the database (``--dsn`` / ``$ORBIT_DSN``); every other command
+talks HTTP to ``$ORBIT_URL`` with ``$ORBIT_KEY`` (or ``--url``/``--key``), prints a table,
+or JSON with ``--json``. Exit codes: see :mod:`orbit_cmd.cli_http` (0 ok, 1 API error,
+2 usage, 3 unreachable).
+
+Extending: a module listed in COMMAND_MODULES exposes ``register(subparsers)`` and sets
+``func(args) -> int`` on each command parser. Modules not present yet are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orbit_cmd.cli_http import EXIT_USAGE, CliError
+
+#: Command modules, in help order. Each exposes ``register(subparsers)``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "orbit_cmd.cli_platform",
+    "orbit_cmd.cli_subscriptions",
+    "orbit_cmd.cli_tasks",
+    "orbit_cmd.cli_queues",
+    "orbit_cmd.cli_schedules",
+    "orbit_cmd.cli_workflows",
+    "orbit_cmd.cli_events",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orbit", description="Orbit operator CLI.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"orbit: {exc.message}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""``orbit-server``: the composition root. Builds the context, mounts every package's routes,
+starts every background loop, serves with uvicorn.
+
+    orbit-server [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
+                 [--max-body-bytes N] [--log-level info] [--plain-logs]
+
+Before serving it checks the schema (``orbit.migrate.status``) and **refuses to start** —
+one line per problem on stderr, non-zero exit — when migrations are pending, the schema is
+dirty, an applied file changed, or a foreign key exists.
+
+Exit codes (aligned with ``orbit-migrate``): 0 clean shutdown; 1 schema not current (or the
+dev bootstrap failed); 2 bad arguments; 3 database unreachable.
+
+``--dev``: when no server answers at the DSN, start a private MariaDB/MySQL
+(``orbit.devdb``), then migrate, bootstrap application ``demo`` / namespace ``default`` with a
+global admin key, and print the bootstrap JSON line on stdout before serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import pymysql
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from orbit import logs, migrate
+from orbit.context import AppContext
+from orbit.http.app import build_app
+from orbit.idempotency_cleanup import IdempotencyCleanup
+from orbit.settings import Settings
+from orbit.storage import DSN, Database
+
+log = logging.getLogger("orbit.server")
+
+EXIT_OK = 0
+EXIT_NOT_CURRENT = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+#: A background loop: runs until the event is set (then returns promptly).
+Loop = Callable[[asyncio.Event], Awaitable[None]]
+
+STOP_GRACE_S = 10.0
+
+
+def _optional(module: str) -> ModuleType | None:
+    """Import ``module`` when it exists (packages still being built are skipped).
+
+    Only a missing module is tolerated; an error inside an existing module is raised.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            return None
+        raise
+
+
+# =============================================================================================
+# COMPOSITION POINT. Every package plugs in here and nowhere else:
+#   * routes:  a module exposing ``routes(ctx) -> list[BaseRoute]`` (or ``routes()``)
+#   * loops:   a module exposing ``background_loops(ctx) -> list[Loop]``
+# Add a package by adding its module names to the two tuples below.
+# =============================================================================================
+
+ROUTE_MODULES: tuple[str, ...] = (
+    "orbit.http.subscriptions",  # subscriptions and deliveries (platform)
+    "pulse.http",  # queues, tasks, workers, schedules
+    "weave.http",  # workflows
+    "orbit.http.ui",  # web console at /ui
+)
+
+LOOP_MODULES: tuple[str, ...] = (
+    "pulse.loops",  # dispatcher, recovery, scheduler, watchdog
+    "weave.runtime",  # workflow advancer and timers
+)
+
+
+def _routes_of(mod: ModuleType, ctx: AppContext) -> list[BaseRoute]:
+    fn = mod.routes
+    takes_ctx = bool(inspect.signature(fn).parameters)
+    return list(fn(ctx) if takes_ctx else fn())
+
+
+def extra_routes(ctx: AppContext) -> list[BaseRoute]:
+    """Routes of the other packages, in ROUTE_MODULES order (the platform's own routes are
+    added by ``build_app``)."""
+    out: list[BaseRoute] = []
+    for name in ROUTE_MODULES:
+        mod = _optional(name)
+        if mod is not None and hasattr(mod, "routes"):
+            out.extend(_routes_of(mod, ctx))
+    return out
+
+
+def background_loops(ctx: AppContext) -> list[Loop]:
+    """Every background loop of this node: the platform's, then LOOP_MODULES'."""
+    loops: list[Loop] = [IdempotencyCleanup(ctx).run]
+    delivery = _optional("orbit.delivery_loop")
+    if delivery is not None and hasattr(delivery, "DeliveryLoop"):
+        loop = delivery.DeliveryLoop(ctx.db, hub=delivery.deliveries_hub(ctx), metrics=ctx.metrics)
+        loops.append(loop.run)
+    for name in LOOP_MODULES:
+        mod = _optional(name)
+        if mod is not None and hasattr(mod, "background_loops"):
+            loops.extend(mod.background_loops(ctx))
+    return loops
+
+
+# =============================================================================================
+
+
+def lifespan(ctx: AppContext, loops: Sequence[Loop]) -> Callable[[Starlette], Any]:
+    """Start the loops with the app; on shutdown set the stop event, wait, then cancel."""
+
+    @contextlib.asynccontextmanager
+    async def run(_app: Starlette) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(loop(stop), name=getattr(loop, "__qualname__", "loop"))
+            for loop in loops
+        ]
+        ctx.extras["orbit.stop"] = stop
+        try:
+            yield
+        finally:
+            stop.set()
+            if tasks:
+                _done, pending = await asyncio.wait(tasks, timeout=STOP_GRACE_S)
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    return run
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="orbit-server", description="Serve the Orbit HTTP/WSS API.")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    p.add_argument(
+        "--dsn", default=None, help="mysql://USER[:PASS]@HOST[:PORT]/DB (default $ORBIT_DSN)"
+    )
+    p.add_argument(
+        "--dev",
+        action="store_true",
+        help="start a private database if none answers, migrate, bootstrap",
+    )
+    p.add_argument("--pool-size", type=int, default=int(os.environ.get("ORBIT_POOL_SIZE", "10")))
+    p.add_argument(
+        "--max-body-bytes", type=int, default=None, help="request body limit (default 1 MiB)"
+    )
+    p.add_argument("--log-level", default=os.environ.get("ORBIT_LOG_LEVEL", "info"))
+    p.add_argument(
+        "--plain-logs", action="store_true", help="human-readable logs instead of JSON lines"
+    )
+    return p.parse_args(argv)
+
+
+def _say(msg: str) -> None:
+    print(f"orbit-server: {msg}", file=sys.stderr, flush=True)
+
+
+async def _dev_setup(dsn: DSN) -> tuple[DSN, Any]:
+    """``--dev``: private database if needed, migrate, bootstrap; return (dsn, dev handle)."""
+    dev = None
+    devdb = _optional("orbit.devdb")
+    if devdb is None:
+        _say("--dev: orbit.devdb is not available; using the DSN as is")
+    else:
+        dev = await devdb.ensure_dev_database(dsn)
+        if dev is not None:
+            dsn = dev.dsn
+            _say(f"--dev: private database at {dsn} (data in {dev.data_dir})")
+    result = await asyncio.to_thread(migrate.up, dsn)
+    if result.applied:
+        _say("--dev: applied " + ", ".join(result.applied))
+    from orbit.bootstrap import bootstrap
+
+    db = await Database.connect(dsn, maxsize=2)
+    try:
+        boot = await bootstrap(db, "demo", "default", global_admin=True)
+    finally:
+        await db.close()
+    print(json.dumps(boot.to_json()), flush=True)
+    return dsn, dev
+
+
+async def preflight(dsn: DSN) -> int:
+    """EXIT_OK when the schema is current and clean, else print why and return the exit code."""
+    try:
+        st = await asyncio.to_thread(migrate.status, dsn)
+    except pymysql.MySQLError as exc:
+        _say(f"database unreachable at {dsn}: {exc}")
+        return EXIT_UNAVAILABLE
+    if not st.current:
+        _say(f"refusing to start: the schema of {dsn.database!r} is not current")
+        for problem in st.problems():
+            _say(f"  - {problem}")
+        _say("run `orbit-migrate status` for details, `orbit-migrate up` to migrate")
+        return EXIT_NOT_CURRENT
+    return EXIT_OK
+
+
+async def serve(args: argparse.Namespace) -> int:
+    try:
+        dsn = DSN.from_env(args.dsn)
+    except ValueError as exc:
+        _say(f"bad DSN: {exc}")
+        return EXIT_USAGE
+    dev = None
+    try:
+        if args.dev:
+            try:
+                dsn, dev = await _dev_setup(dsn)
+            except Exception as exc:
+                _say(f"--dev setup failed: {exc}")
+                return EXIT_NOT_CURRENT
+        code = await preflight(dsn)
+        if code != EXIT_OK:
+            return code
+        db = await Database.connect(dsn, maxsize=args.pool_size)
+        try:
+            settings = Settings.from_env(max_body_bytes=args.max_body_bytes)
+            ctx = AppContext(db=db, settings=settings)
+            app = build_app(ctx, extra_routes(ctx), lifespan=lifespan(ctx, background_loops(ctx)))
+            config = uvicorn.Config(
+                app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                access_log=False, lifespan="on", log_config=None,
+            )  # fmt: skip
+            server = uvicorn.Server(config)
+            # uvicorn re-raises the signal that stopped it once it has shut down gracefully;
+            # with this no-op handler restored underneath, SIGTERM ends with exit code 0.
+            signal.signal(signal.SIGTERM, lambda *_: None)
+            log.info(
+                "serving on %s:%s (database %s, node %s)",
+                args.host,
+                args.port,
+                dsn.database,
+                ctx.node_id,
+            )
+            await server.serve()
+            return EXIT_OK if server.started else EXIT_UNAVAILABLE
+        finally:
+            await db.close()
+    finally:
+        if dev is not None:
+            await dev.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.configure(args.log_level, json=not args.plain_logs)
+    try:
+        return _run(serve(args))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _run(main_coro: Any) -> int:
+    """Run the server's event loop: uvloop when installed (``ORBIT_UVLOOP=0`` opts out),
+    else asyncio's default loop."""
+    if os.environ.get("ORBIT_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return int(uvloop.run(main_coro))
+    return asyncio.run(main_coro)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

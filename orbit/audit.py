@@ -1,0 +1,131 @@
+"""Audit events: who (credential, application) did what (action) to which resource, with
+what outcome, when, under which request id. Immutable (triggers reject UPDATE and DELETE).
+
+* Successful state changes call :func:`record` inside their own transaction, so the audit
+  row commits or rolls back with the change.
+* Denials (403) and failures after a rollback (409, 412, 422, 429…) call
+  :func:`record_detached`, which writes in a separate short transaction and never raises
+  (an audit write failure is logged and counted, it never replaces the client's error).
+
+The HTTP layer does the second part for every route that declares an audit intent (see
+``orbit.http.auditing``), so handlers normally only call :func:`record` on success.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+import msgspec
+
+from orbit.ids import id_hex, new_id
+from orbit.storage import Database, Tx
+from orbit.store import audit as store
+from orbit.types import ZERO_ID
+
+log = logging.getLogger("orbit.audit")
+_JSON = msgspec.json.Encoder()
+
+
+class Outcome(StrEnum):
+    """How an audited call ended."""
+
+    OK = "ok"  # the change (or read) happened
+    DENIED = "denied"  # 401/403: the caller may not do this
+    CONFLICT = "conflict"  # 409/412/422/429: state, CAS, precondition, idempotency, quota
+    ERROR = "error"  # anything else (400, 5xx)
+
+
+class Actor(NamedTuple):
+    """Who acted. Both None for the ``orbit admin`` CLI acting directly on the database."""
+
+    credential_id: bytes | None
+    application_id: bytes | None
+
+
+CLI_ACTOR = Actor(None, None)
+
+
+def outcome_for_status(status: int) -> Outcome:
+    """Map an HTTP status to an outcome."""
+    if status < 400:
+        return Outcome.OK
+    if status in (401, 403):
+        return Outcome.DENIED
+    if status in (409, 412, 422, 429):
+        return Outcome.CONFLICT
+    return Outcome.ERROR
+
+
+def _resource(value: bytes | str | None) -> str | None:
+    if value is None:
+        return None
+    return id_hex(value) if isinstance(value, bytes) else value[:255]
+
+
+async def record(
+    tx: Tx,
+    *,
+    actor: Actor,
+    action: str,
+    resource_kind: str,
+    resource_id: bytes | str | None = None,
+    outcome: Outcome | str = Outcome.OK,
+    status_code: int = 200,
+    namespace_id: bytes = ZERO_ID,
+    request_id: str | None = None,
+    details: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> bytes:
+    """Append one audit event in the caller's transaction; return its id.
+
+    ``resource_id`` may be an id (bytes, stored as 32 hex) or a name. ``namespace_id`` is
+    ZERO_ID for application-level and global actions. ``details`` must hold no secrets.
+    """
+    event_id = new_id()
+    await store.audit_insert(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": event_id,
+            "credential_id": actor.credential_id,
+            "application_id": actor.application_id,
+            "action": action,
+            "resource_kind": resource_kind,
+            "resource_id": _resource(resource_id),
+            "outcome": str(outcome),
+            "status_code": status_code,
+            "request_id": request_id,
+            "details": None if details is None else _JSON.encode(details).decode(),
+            "now": now,
+        },
+    )
+    return event_id
+
+
+async def record_detached(db: Database, **kwargs: Any) -> bool:
+    """:func:`record` in its own transaction; returns False (and logs) instead of raising."""
+
+    async def run(tx: Tx) -> None:
+        await record(tx, **kwargs)
+
+    try:
+        await db.transaction(run, retries=2)
+        return True
+    except Exception:
+        log.exception("audit write failed for %s", kwargs.get("action"))
+        return False
+
+
+async def list_recent(
+    tx: Tx, namespace_id: bytes = ZERO_ID, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Newest audit events of one namespace (ZERO_ID: application-level), for tools and tests."""
+    return await store.audit_list_recent(tx, namespace_id, limit)
+
+
+async def list_for_request(tx: Tx, namespace_id: bytes, request_id: str) -> list[dict[str, Any]]:
+    """Audit events written under one request id, oldest first."""
+    return await store.audit_list_by_request(tx, namespace_id, request_id)

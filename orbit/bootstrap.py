@@ -1,0 +1,119 @@
+"""``orbit admin bootstrap``: get-or-create an application, a namespace and an all-powerful key
+for that namespace, directly on the database (no server, no key needed).
+
+Idempotent: re-running never creates a second application, namespace or credential. The key
+is the application's credential named ``bootstrap/<namespace>`` (``bootstrap-global/<ns>``
+with ``--global-admin``); since only its digest is stored, every run **rotates its secret**:
+the JSON line printed by the latest run holds the working key, earlier keys of that
+credential stop working (on their next request). Other credentials are untouched.
+Concurrent runs serialise on the application row; a lost insert race is retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orbit import audit
+from orbit.applications import insert_application
+from orbit.audit import CLI_ACTOR
+from orbit.credentials import insert_credential, new_key
+from orbit.errors import Conflict
+from orbit.ids import id_hex
+from orbit.namespaces import insert_namespace
+from orbit.storage import Database, Tx
+from orbit.store import applications as app_store
+from orbit.store import credentials as cred_store
+from orbit.store import namespaces as ns_store
+from orbit.types import ALL_ACTIONS, check_name
+
+ROTATE = "credentials.rotate"
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapResult:
+    """What bootstrap made or found, and the working key."""
+
+    application_id: bytes
+    namespace: str
+    namespace_id: bytes
+    credential_id: bytes
+    key: str
+
+    def to_json(self) -> dict[str, str]:
+        """The API.md line: ``{"application_id", "namespace", "credential_id", "key"}``."""
+        return {
+            "application_id": id_hex(self.application_id),
+            "namespace": self.namespace,
+            "credential_id": id_hex(self.credential_id),
+            "key": self.key,
+        }
+
+
+def credential_name(namespace: str, global_admin: bool) -> str:
+    return f"{'bootstrap-global' if global_admin else 'bootstrap'}/{namespace}"
+
+
+async def bootstrap(
+    db: Database, application: str, namespace: str, *, global_admin: bool = False
+) -> BootstrapResult:
+    """Get-or-create ``application``/``namespace`` and (re)issue its bootstrap key.
+
+    The key holds every action, ``admin`` for the application, on that namespace; with
+    ``global_admin`` it may also create and administer other applications.
+    """
+    check_name(application, "application")
+    check_name(namespace, "namespace")
+
+    async def run(tx: Tx) -> BootstrapResult:
+        app = await app_store.application_get_by_name_for_update(tx, application)
+        if app is None:
+            app = await insert_application(tx, CLI_ACTOR, application)
+        ns = await ns_store.namespace_get_by_name(tx, app.id, namespace)
+        if ns is None:
+            ns = await insert_namespace(tx, CLI_ACTOR, app.id, namespace)
+        name = credential_name(namespace, global_admin)
+        grant = [id_hex(ns.id)]
+        cred = await cred_store.credential_find_by_name(tx, app.id, name)
+        if cred is None:
+            row, key = await insert_credential(
+                tx,
+                CLI_ACTOR,
+                app.id,
+                name=name,
+                namespaces=grant,
+                actions=ALL_ACTIONS,
+                global_admin=global_admin,
+            )
+            return BootstrapResult(app.id, ns.name, ns.id, row.id, key)
+        key, secret_digest = new_key(cred.id)
+        ok = await cred_store.credential_rotate_if_revision(
+            tx,
+            cred.id,
+            cred.revision,
+            secret_digest=secret_digest,
+            namespaces=grant,
+            actions=ALL_ACTIONS,
+            global_admin=global_admin,
+        )
+        if not ok:
+            raise Conflict("bootstrap credential changed concurrently", kind="cas")
+        await audit.record(
+            tx,
+            actor=CLI_ACTOR,
+            action=ROTATE,
+            resource_kind="credential",
+            resource_id=cred.id,
+            status_code=0,
+            details={"application_id": id_hex(app.id), "reason": "bootstrap"},
+        )
+        return BootstrapResult(app.id, ns.name, ns.id, cred.id, key)
+
+    for attempt in range(5):
+        try:
+            return await db.transaction(run)
+        except Conflict:
+            # A concurrent bootstrap created the same application/namespace first, or
+            # rotated the key between our read and write: run again, it now exists.
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,35 @@
+"""The application context every HTTP handler and background loop receives.
+
+The composition root (``cmd/orbit_cmd/server.py``) builds one :class:`AppContext` per process
+and stores it on ``app.state.ctx``. Other packages keep their own long-lived objects
+(dispatchers, connection hubs) in ``extras`` under their package name, e.g.
+``ctx.extras["pulse"]``, so the platform never imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from orbit.metrics import Registry
+from orbit.settings import Settings
+from orbit.storage import Database
+
+
+def default_node_id() -> str:
+    """``<host>:<pid>``: names this process in logs, metrics and worker sessions."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class AppContext:
+    """Process-wide state: the pool, settings, metrics registry and a node id."""
+
+    db: Database
+    settings: Settings = field(default_factory=Settings)
+    metrics: Registry = field(default_factory=Registry)
+    node_id: str = field(default_factory=default_node_id)
+    #: Long-lived objects of other packages, keyed by package name ("pulse", "weave").
+    extras: dict[str, Any] = field(default_factory=dict)

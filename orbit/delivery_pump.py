@@ -1,0 +1,290 @@
+"""The pump and the hand-out: everything done under a subscription's row lock.
+
+* :func:`pump_locked` / :func:`pump_subscription` — turn result events after the scan
+  position into deliveries and advance the position, in one transaction.
+* :func:`reclaim_locked` / :func:`reclaim_subscription` — expired leases back to PENDING
+  (after backoff) or EXHAUSTED.
+* :func:`lease` — pump, reclaim, then hand out due deliveries within ``max_in_flight``, each
+  with a new one-time proof.
+
+Holding the subscription row (``FOR UPDATE``; the background loop uses ``SKIP LOCKED``) is
+what makes these safe on many nodes: one pump per subscription at a time, an exact count of
+leased deliveries for ``max_in_flight``. Ack, nack, release and budget
+(:mod:`orbit.deliveries`) lock only their delivery row, so the lock order is always
+subscription row → delivery rows, never the reverse. The rules (states, backoff, proofs)
+are in :mod:`orbit.deliveries`; docs/delivery-semantics.md explains the guarantees.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from orbit.deliveries import DeliveryState, Leased, after_failure, backoff_ms
+from orbit.errors import Conflict, NotFound
+from orbit.events import ResultEvent, read_result_events
+from orbit.ids import digest, id_hex, new_id, new_secret
+from orbit.storage import Database, Tx
+from orbit.store import deliveries as store
+from orbit.store import subscriptions as sub_store
+from orbit.store.deliveries import DeliveryRow
+from orbit.store.subscriptions import SubscriptionRow
+from orbit.subscriptions import compile_filter
+
+log = logging.getLogger("orbit.deliveries")
+
+#: Result events read per pump transaction.
+PUMP_BATCH = 500
+#: Expired leases reclaimed per transaction.
+RECLAIM_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class PumpResult:
+    """What one pump transaction did for one subscription."""
+
+    scanned: int  # events read after the old position
+    created: int  # deliveries inserted (matching events)
+    position: int  # scan position after the transaction
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseBatch:
+    """The hand-outs of one :func:`lease` call and the subscription config they used."""
+
+    subscription: SubscriptionRow
+    deliveries: list[Leased]
+    in_flight: int  # LEASED deliveries of the subscription after this hand-out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pump
+# ---------------------------------------------------------------------------------------------
+
+
+async def pump_locked(
+    tx: Tx, sub: SubscriptionRow, now: datetime, limit: int = PUMP_BATCH
+) -> PumpResult:
+    """Pump one batch for ``sub``, whose row this transaction has locked.
+
+    Reads up to ``limit`` events after the position, stops at the first gap in the sequence
+    (a gap cannot be seen with orbit.events' locking, so this is only a guard: nothing past a
+    hole is ever skipped), inserts deliveries for the matching ones and advances the
+    position to the last contiguous event read.
+    """
+    events = await read_result_events(tx, sub.namespace_id, sub.after_seq, limit)
+    position = sub.after_seq
+    matched: list[ResultEvent] = []
+    flt = compile_filter(sub)
+    for ev in events:
+        if ev.seq != position + 1:
+            log.warning(
+                "result stream gap in namespace %s after seq %d", id_hex(sub.namespace_id), position
+            )
+            break
+        position = ev.seq
+        if flt.matches(ev):
+            matched.append(ev)
+    if position == sub.after_seq:
+        return PumpResult(scanned=0, created=0, position=position)
+    await store.delivery_insert_many(
+        tx,
+        [
+            {
+                "namespace_id": sub.namespace_id,
+                "id": new_id(),
+                "subscription_id": sub.id,
+                "seq": ev.seq,
+                "event_id": ev.event_id,
+                "state": DeliveryState.PENDING.value,
+                "proof_digest": None,
+                "attempts": 0,
+                "budget": sub.max_deliveries,
+                "lease_expires_at": None,
+                "next_at": now,
+                "acked_at": None,
+                "revision": 1,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for ev in matched
+        ],
+    )
+    if not await sub_store.subscription_advance_if_position(
+        tx, sub.namespace_id, sub.id, sub.after_seq, position
+    ):
+        raise Conflict("subscription position moved concurrently", kind="pump_position")
+    return PumpResult(scanned=position - sub.after_seq, created=len(matched), position=position)
+
+
+async def pump_subscription(
+    db: Database,
+    namespace_id: bytes,
+    subscription_id: bytes,
+    *,
+    now: datetime | None = None,
+    limit: int = PUMP_BATCH,
+    skip_locked: bool = True,
+) -> PumpResult | None:
+    """One pump transaction for one subscription.
+
+    None when the subscription is gone or (``skip_locked``) another transaction holds it
+    right now — it is being pumped or handed out elsewhere, so there is nothing to do here.
+    """
+
+    async def run(tx: Tx) -> PumpResult | None:
+        sub = await sub_store.subscription_lock(
+            tx, namespace_id, subscription_id, skip_locked=skip_locked
+        )
+        if sub is None:
+            return None
+        return await pump_locked(tx, sub, now or await store.delivery_clock_now(tx), limit)
+
+    return await db.transaction(run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lease expiry and hand-out
+# ---------------------------------------------------------------------------------------------
+
+
+async def reclaim_locked(
+    tx: Tx, sub: SubscriptionRow, now: datetime, limit: int = RECLAIM_BATCH
+) -> tuple[int, int]:
+    """Turn expired leases of ``sub`` (row locked by this transaction) back into PENDING
+    after backoff, or EXHAUSTED; return (redelivered, exhausted).
+
+    The backoff counts from the lease's end, not from when this runs, so redelivery timing
+    does not depend on how often the loop runs.
+    """
+    redelivered = exhausted = 0
+    for row in await store.delivery_list_expired_for_update(
+        tx, sub.namespace_id, sub.id, now, limit
+    ):
+        expired_at = row.lease_expires_at or row.next_at
+        state, next_at = after_failure(
+            row.attempts, row.budget, expired_at, backoff_ms(row.attempts)
+        )
+        if await store.delivery_requeue_if_revision(tx, row, state=state, next_at=next_at, now=now):
+            if state is DeliveryState.EXHAUSTED:
+                exhausted += 1
+            else:
+                redelivered += 1
+    return redelivered, exhausted
+
+
+async def hand_out_locked(
+    tx: Tx, sub: SubscriptionRow, want: int, now: datetime
+) -> tuple[list[Leased], int]:
+    """Lease up to ``want`` due deliveries of ``sub`` (row locked by this transaction),
+    never more than ``max_in_flight`` leased at once; return (hand-outs, leased after)."""
+    in_flight = await store.delivery_count_leased(tx, sub.namespace_id, sub.id)
+    room = min(want, sub.max_in_flight - in_flight)
+    if room <= 0:
+        return [], in_flight
+    rows = await store.delivery_list_due_for_update(tx, sub.namespace_id, sub.id, now, room)
+    lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
+    taken: list[tuple[DeliveryRow, str]] = []
+    for row in rows:
+        proof = new_secret(24)
+        if await store.delivery_lease_if_pending(
+            tx, row, proof_digest=digest(proof), lease_expires_at=lease_end, now=now
+        ):
+            taken.append((row, proof))
+    if not taken:
+        return [], in_flight
+    events = {
+        int(r["seq"]): r
+        for r in await store.delivery_event_list_by_seq(
+            tx, sub.namespace_id, [r.seq for r, _ in taken]
+        )
+    }
+    out: list[Leased] = []
+    for row, proof in taken:
+        ev = events.get(row.seq)
+        if ev is None:  # result events are immutable and never deleted
+            raise RuntimeError(f"result event seq {row.seq} of a delivery is missing")
+        out.append(
+            Leased(
+                delivery_id=row.id,
+                seq=row.seq,
+                event_id=row.event_id,
+                attempt=row.attempts + 1,
+                lease_expires_at=lease_end,
+                event=_result_event(ev),
+                proof=proof,
+            )
+        )
+    return out, in_flight + len(out)
+
+
+def _result_event(row: dict[str, Any]) -> ResultEvent:
+    return ResultEvent(
+        seq=int(row["seq"]),
+        event_id=bytes(row["event_id"]),
+        type=row["type"],
+        created_at=row["created_at"],
+        task_id=bytes(row["task_id"]),
+        queue=row["queue"],
+        kind=row["kind"],
+        owner_id=bytes(row["owner_id"]),
+        state=row["state"],
+        result=row["result"],
+        error=row["error"],
+        attempts=int(row["attempts"]),
+        finished_at=row["finished_at"],
+    )
+
+
+async def lease(
+    db: Database,
+    namespace_id: bytes,
+    subscription_id: bytes,
+    want: int,
+    *,
+    now: datetime | None = None,
+    pump: bool = True,
+) -> LeaseBatch:
+    """Hand out up to ``want`` deliveries of one subscription in one transaction.
+
+    Locks the subscription row (waiting for it: pumps and other consumers hold it briefly),
+    pumps one batch of new events (``pump``), reclaims expired leases, then leases due
+    deliveries within ``max_in_flight``. NotFound when the subscription is gone.
+    """
+
+    async def run(tx: Tx) -> LeaseBatch:
+        sub = await sub_store.subscription_lock(tx, namespace_id, subscription_id)
+        if sub is None:
+            raise NotFound("subscription")
+        at = now or await store.delivery_clock_now(tx)
+        if pump:
+            await pump_locked(tx, sub, at)
+        await reclaim_locked(tx, sub, at)
+        if want <= 0:
+            in_flight = await store.delivery_count_leased(tx, namespace_id, subscription_id)
+            return LeaseBatch(subscription=sub, deliveries=[], in_flight=in_flight)
+        out, in_flight = await hand_out_locked(tx, sub, want, at)
+        return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight)
+
+    return await db.transaction(run)
+
+
+async def reclaim_subscription(
+    db: Database,
+    namespace_id: bytes,
+    subscription_id: bytes,
+    *,
+    now: datetime | None = None,
+    limit: int = RECLAIM_BATCH,
+) -> tuple[int, int] | None:
+    """Reclaim expired leases of one subscription (skipped, None, when it is locked)."""
+
+    async def run(tx: Tx) -> tuple[int, int] | None:
+        sub = await sub_store.subscription_lock(tx, namespace_id, subscription_id, skip_locked=True)
+        if sub is None:
+            return None
+        return await reclaim_locked(tx, sub, now or await store.delivery_clock_now(tx), limit)
+
+    return await db.transaction(run)

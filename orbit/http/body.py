@@ -1,0 +1,136 @@
+"""Request bodies: size limit, JSON depth limit, msgspec decoding with the offending field.
+
+Policy (docs/api/admin.md, "Request bodies"):
+
+* Bodies larger than ``settings.max_body_bytes`` (default 1 MiB) → 413 ``payload_too_large``
+  (checked on ``Content-Length`` before reading, and while streaming a chunked body).
+* JSON nested deeper than ``settings.max_json_depth`` (32; the body object is level 1) →
+  400 ``invalid_request``, checked on the raw bytes before decoding.
+* Malformed JSON, a wrong type, a value out of range, a missing required field **and an
+  unknown field** → 400 ``invalid_request`` with ``details.field`` naming the field as a
+  path (``name``, ``retry.max_attempts``, ``tasks[3].queue``). Unknown fields are rejected
+  (request Structs use ``forbid_unknown_fields=True``) so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import accumulate
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from orbit.errors import InvalidRequest
+
+T = TypeVar("T")
+
+DEFAULT_MAX_DEPTH = 32
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_STEP = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[^`]+)`")
+
+
+def json_depth(body: bytes) -> int:
+    """Nesting depth of a JSON text (``{}`` is 1), counting brackets outside strings.
+
+    Malformed input gives some number; decoding rejects it afterwards anyway.
+    """
+    if body.count(b"[") + body.count(b"{") == 0:
+        return 0
+    brackets = _STRING.sub(b"", body).translate(None, _BRACKETS)
+    if not brackets:
+        return 0
+    steps = brackets.translate(_STEP)
+    return max(0, max(accumulate(b - 1 for b in steps)))
+
+
+def check_depth(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+    """Raise 400 when ``body`` nests deeper than ``max_depth``."""
+    # Cheap exit: fewer opening brackets than the limit cannot exceed it.
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return
+    depth = json_depth(body)
+    if depth > max_depth:
+        raise InvalidRequest(
+            f"JSON nesting is {depth} levels deep, the limit is {max_depth}",
+            max_depth=max_depth,
+        )
+
+
+def field_of(error: msgspec.ValidationError | str) -> str | None:
+    """The offending field of a msgspec validation message, as ``a.b[2].c`` (None: the body)."""
+    msg = str(error)
+    path = ""
+    m = _PATH.search(msg)
+    if m:
+        path = m.group("path")
+        msg = msg[: m.start()]
+    named = _NAMED.search(msg)
+    if named:
+        path += "." + named.group("name")
+    path = path.lstrip(".")
+    return path or None
+
+
+def decode(body: bytes, type_: type[T], *, max_depth: int = DEFAULT_MAX_DEPTH) -> T:
+    """Decode a JSON body into ``type_`` or raise 400 naming the offending field."""
+    if not body.strip():
+        raise InvalidRequest("a JSON request body is required")
+    check_depth(body, max_depth)
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(_clean(str(exc)), field=field_of(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from None
+
+
+def _clean(msg: str) -> str:
+    return _PATH.sub("", msg)
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body (the size limit is enforced while it is received, see middleware)."""
+    return await request.body()
+
+
+async def decode_body(request: Request, type_: type[T]) -> T:
+    """Read, depth-check and decode the request body into ``type_`` (400/413 on failure)."""
+    body = await read_body(request)
+    return decode(body, type_, max_depth=_max_depth(request))
+
+
+def _max_depth(request: Request) -> int:
+    ctx = getattr(request.app.state, "ctx", None)
+    return ctx.settings.max_json_depth if ctx is not None else DEFAULT_MAX_DEPTH
+
+
+def decode_optional(
+    body: bytes, type_: type[T], default: T, *, max_depth: int = DEFAULT_MAX_DEPTH
+) -> T:
+    """Like :func:`decode`, but an empty body gives ``default``."""
+    if not body.strip():
+        return default
+    return decode(body, type_, max_depth=max_depth)
+
+
+def query_int(request: Request, name: str, default: int, *, minimum: int = 0) -> int:
+    """An integer query parameter, else 400 naming it."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an integer", field=name) from None
+    if value < minimum:
+        raise InvalidRequest(f"{name} must be >= {minimum}", field=name)
+    return value
+
+
+def any_json(body: bytes) -> Any:
+    """Decode arbitrary JSON (400 on malformed input)."""
+    return decode(body, Any)  # type: ignore[arg-type]

@@ -1,0 +1,163 @@
+"""Error rendering: every error a client sees is ``{"error": {"code", "message", "details"}}``.
+
+One handler is registered on :class:`~orbit.errors.OrbitError` (subclasses of other packages
+are found through the MRO), one on storage errors (translated to OrbitErrors), one on
+Starlette's HTTPException (unknown route 404, 405). The handler also
+
+* counts conflicts by kind in ``orbit_conflicts_total{kind}`` (409 by the error's ``kind``,
+  412 ``precondition_failed``, 422 ``idempotency_mismatch``, 429 by code);
+* writes the audit event of a failed call when the route declared an audit intent (see
+  :mod:`orbit.http.auditing`): 403 denials, 409/412/422/429 conflicts;
+* closes a WebSocket with code ``4000 + status`` (e.g. 4401, 4403, 4404) instead of
+  answering, when the error happens on a WebSocket before it was accepted.
+
+``Retry-After`` comes from the error itself (429 and 503 always carry it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import pymysql
+from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+from starlette.websockets import WebSocket, WebSocketState
+
+from orbit.errors import Conflict, InvalidRequest, NotFound, NotReady, OrbitError
+from orbit.metrics import count_conflict
+from orbit.storage import CasConflict, OutcomeUnknown, StorageError, TransientExhausted
+from orbit.storage.errors import CHECK_VIOLATED
+
+log = logging.getLogger("orbit.http")
+
+
+class ErrorInfo(msgspec.Struct, frozen=True):
+    """The inner object of an error body."""
+
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """``{"error": {"code", "message", "details"}}`` (API.md)."""
+
+    error: ErrorInfo
+
+
+_ENC = msgspec.json.Encoder()
+
+
+def error_bytes(code: str, message: str, details: dict[str, Any] | None = None) -> bytes:
+    return _ENC.encode(ErrorBody(ErrorInfo(code, message, details or {})))
+
+
+def error_response(exc: OrbitError, request_id: str | None = None) -> Response:
+    """The HTTP response of an OrbitError (status, body, Retry-After, X-Request-Id)."""
+    headers = dict(exc.headers())
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return Response(
+        error_bytes(exc.code, exc.message, exc.details),
+        status_code=exc.status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def conflict_kind(exc: OrbitError) -> str | None:
+    """The ``kind`` label of ``orbit_conflicts_total`` for this error, or None."""
+    if isinstance(exc, Conflict):
+        return exc.kind
+    if exc.status == 412:
+        return "precondition_failed"
+    if exc.status in (422, 429):
+        return exc.code
+    return None
+
+
+def translate_storage_error(exc: StorageError) -> OrbitError:
+    """Storage failures that reach the HTTP layer, as client errors."""
+    if isinstance(exc, CasConflict):
+        return Conflict(str(exc), kind="cas")
+    if isinstance(exc, TransientExhausted):
+        return NotReady("the database is busy, retry", retry_after=1, reason="transaction_conflict")
+    if isinstance(exc, OutcomeUnknown):
+        return NotReady(
+            "the outcome is unknown (connection lost during commit): read before retrying",
+            retry_after=1,
+            reason="outcome_unknown",
+        )
+    return OrbitError("storage error")
+
+
+def _request_id(conn: HTTPConnection) -> str | None:
+    state = conn.scope.get("state") or {}
+    rid = state.get("request_id")
+    return rid if isinstance(rid, str) else None
+
+
+async def handle_orbit_error(conn: HTTPConnection, exc: Exception) -> Response | None:
+    """Render an OrbitError, count conflicts, audit the failure of an audited call."""
+    assert isinstance(exc, OrbitError)
+    ctx = getattr(conn.app.state, "ctx", None)
+    kind = conflict_kind(exc)
+    if ctx is not None and kind is not None:
+        count_conflict(ctx.metrics, kind)
+    if ctx is not None:
+        from orbit.http.auditing import audit_failure
+
+        await audit_failure(conn, exc)
+    if exc.status >= 500:
+        log.warning("request %s failed: %s %s", _request_id(conn), exc.code, exc.message)
+    if isinstance(conn, WebSocket):
+        if conn.application_state != WebSocketState.DISCONNECTED:
+            await conn.close(code=4000 + exc.status, reason=exc.code)
+        return None
+    return error_response(exc, _request_id(conn))
+
+
+async def handle_storage_error(conn: HTTPConnection, exc: Exception) -> Response | None:
+    assert isinstance(exc, StorageError)
+    return await handle_orbit_error(conn, translate_storage_error(exc))
+
+
+async def handle_http_exception(conn: HTTPConnection, exc: Exception) -> Response | None:
+    """Starlette's own 404 (no route) / 405 in the API's error shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return await handle_orbit_error(conn, NotFound("route"))
+    err = OrbitError(str(exc.detail))
+    err.status = exc.status_code
+    err.code = {405: "method_not_allowed", 400: "invalid_request"}.get(
+        exc.status_code, "http_error"
+    )
+    response = await handle_orbit_error(conn, err)
+    if response is not None and exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def handle_driver_error(conn: HTTPConnection, exc: Exception) -> Response | None:
+    """A CHECK violation (4025 MariaDB / 3819 MySQL) is bad input that slipped past the
+    service's validation: 400. Any other driver error is re-raised (500, logged)."""
+    args = getattr(exc, "args", ())
+    if args and args[0] in CHECK_VIOLATED:
+        detail = str(args[1])[:200] if len(args) > 1 else ""
+        return await handle_orbit_error(
+            conn, InvalidRequest("the request violates a constraint", constraint=detail)
+        )
+    raise exc
+
+
+def exception_handlers() -> dict[Any, Any]:
+    """The handlers to pass to ``Starlette(exception_handlers=...)``."""
+    return {
+        OrbitError: handle_orbit_error,
+        StorageError: handle_storage_error,
+        HTTPException: handle_http_exception,
+        pymysql.MySQLError: handle_driver_error,
+    }

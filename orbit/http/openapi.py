@@ -1,0 +1,232 @@
+"""``/openapi.json`` generated from the registered routes and their msgspec types.
+
+Endpoints describe themselves with the :func:`api` decorator::
+
+    @api("Create a namespace", body=NamespaceCreate, responses={201: NamespaceOut},
+         action="admin", idempotent=True)
+    async def create_namespace(request): ...
+
+The generator walks the app's routes (including mounted routers), takes path parameters
+from the route templates, and builds component schemas with
+``msgspec.json.schema_components``. Routes without the decorator still appear, with a
+generic description, so the document always lists every path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+
+from orbit.http.errors import ErrorBody
+
+F = TypeVar("F", bound=Callable[..., Any])
+ATTR = "__orbit_api__"
+
+_STATUS_TEXT = {
+    200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 304: "Not Modified",
+    400: "Invalid request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
+    409: "Conflict", 412: "Precondition failed", 413: "Payload too large",
+    422: "Idempotency mismatch", 429: "Quota exceeded / rate limited", 503: "Not ready",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QueryParam:
+    """A documented query parameter."""
+
+    name: str
+    type: type = str
+    description: str = ""
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class ApiDoc:
+    """OpenAPI metadata of one endpoint (per HTTP method when a function serves several)."""
+
+    summary: str
+    body: type | None = None
+    responses: dict[int, type | None] = field(default_factory=dict)
+    errors: tuple[int, ...] = ()
+    action: str | None = None
+    open: bool = False
+    idempotent: bool = False
+    etag: bool = False
+    query: tuple[QueryParam, ...] = ()
+    tags: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+
+
+def api(
+    summary: str,
+    *,
+    body: type | None = None,
+    responses: dict[int, type | None] | None = None,
+    errors: Sequence[int] = (),
+    action: str | None = None,
+    open: bool = False,
+    idempotent: bool = False,
+    etag: bool = False,
+    query: Sequence[QueryParam] = (),
+    tags: Sequence[str] = (),
+    methods: Sequence[str] = (),
+) -> Callable[[F], F]:
+    """Attach OpenAPI metadata to an endpoint (stackable: one per method via ``methods``)."""
+
+    doc = ApiDoc(
+        summary=summary, body=body, responses=dict(responses or {200: None}),
+        errors=tuple(errors), action=action, open=open, idempotent=idempotent, etag=etag,
+        query=tuple(query), tags=tuple(tags), methods=tuple(m.upper() for m in methods),
+    )  # fmt: skip
+
+    def decorate(fn: F) -> F:
+        docs = list(getattr(fn, ATTR, ()))
+        docs.append(doc)
+        setattr(fn, ATTR, docs)
+        return fn
+
+    return decorate
+
+
+def _walk(routes: Iterable[BaseRoute], prefix: str = "") -> Iterable[tuple[str, BaseRoute]]:
+    for r in routes:
+        if isinstance(r, Mount):
+            yield from _walk(r.routes, prefix + r.path)
+        elif isinstance(r, (Route, WebSocketRoute)):
+            yield prefix + r.path, r
+
+
+def _path_params(path: str) -> list[dict[str, Any]]:
+    out = []
+    for part in path.split("{")[1:]:
+        name = part.split("}")[0].split(":")[0]
+        out.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+    return out
+
+
+def _clean_path(path: str) -> str:
+    parts = path.split("{")
+    return parts[0] + "".join(
+        "{" + p.split("}")[0].split(":")[0] + "}" + p.split("}", 1)[1] for p in parts[1:]
+    )
+
+
+def _any_schema(_type: type) -> dict[str, Any]:
+    """Types msgspec cannot describe (``object``, custom classes) are "any JSON value"."""
+    return {"description": "any JSON value"}
+
+
+def _schemas(types: list[Any]) -> tuple[dict[Any, dict[str, Any]], dict[str, Any]]:
+    """Schema (or $ref) per type plus the components; a type msgspec cannot describe (e.g. a
+    field default it cannot encode) degrades to "any JSON value" instead of failing."""
+    template = "#/components/schemas/{name}"
+    try:
+        schemas, components = msgspec.json.schema_components(
+            types, schema_hook=_any_schema, ref_template=template
+        )
+        return dict(zip(types, schemas, strict=True)), components
+    except (TypeError, ValueError):
+        pass
+    ref: dict[Any, dict[str, Any]] = {}
+    components = {}
+    for t in types:
+        try:
+            (schema,), comps = msgspec.json.schema_components(
+                [t], schema_hook=_any_schema, ref_template=template
+            )
+        except (TypeError, ValueError):
+            schema, comps = {"description": f"{getattr(t, '__name__', t)} (schema unavailable)"}, {}
+        ref[t] = schema
+        components.update(comps)
+    return ref, components
+
+
+def openapi_document(
+    routes: Iterable[BaseRoute], *, title: str = "Orbit", version: str = "1"
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes``."""
+    types: list[Any] = [ErrorBody]
+    ops: list[tuple[str, str, ApiDoc | None, BaseRoute]] = []
+    for path, route in _walk(routes):
+        endpoint = getattr(route, "endpoint", None)
+        docs: list[ApiDoc] = list(getattr(endpoint, ATTR, ()))
+        if isinstance(route, WebSocketRoute):
+            ops.append((_clean_path(path), "get", docs[0] if docs else None, route))
+            continue
+        methods = (
+            sorted((route.methods or {"GET"}) - {"HEAD"}) if isinstance(route, Route) else ["GET"]
+        )
+        for method in methods:
+            doc = next((d for d in docs if not d.methods or method in d.methods), None)
+            ops.append((_clean_path(path), method.lower(), doc, route))
+        for d in docs:
+            types.extend(t for t in (d.body, *d.responses.values()) if t is not None)
+    ref, components = _schemas(list(dict.fromkeys(types)))
+    paths: dict[str, dict[str, Any]] = {}
+    for path, method, doc, route in ops:
+        op: dict[str, Any] = {"parameters": _path_params(path)}
+        if doc is None:
+            op["summary"] = getattr(getattr(route, "endpoint", None), "__doc__", None) or path
+            op["summary"] = op["summary"].strip().splitlines()[0]
+            op["responses"] = {"default": {"description": "see docs/api"}}
+        else:
+            op["summary"] = doc.summary
+            if doc.tags:
+                op["tags"] = list(doc.tags)
+            if doc.action:
+                op["x-orbit-action"] = doc.action
+            if doc.open:
+                op["security"] = []
+            for q in doc.query:
+                op["parameters"].append({
+                    "name": q.name, "in": "query", "required": q.required,
+                    "description": q.description,
+                    "schema": {"type": "integer" if q.type is int else "string"},
+                })  # fmt: skip
+            if doc.idempotent:
+                op["parameters"].append({
+                    "name": "Idempotency-Key", "in": "header", "required": False,
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                })  # fmt: skip
+            if doc.etag:
+                for h in ("If-Match", "If-None-Match"):
+                    op["parameters"].append(
+                        {"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
+                    )
+            if doc.body is not None:
+                op["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": ref[doc.body]}},
+                }
+            responses: dict[str, Any] = {}
+            for status, t in doc.responses.items():
+                entry: dict[str, Any] = {"description": _STATUS_TEXT.get(status, "OK")}
+                if t is not None:
+                    entry["content"] = {"application/json": {"schema": ref[t]}}
+                responses[str(status)] = entry
+            error_codes = set(doc.errors) | ({400} if doc.body is not None else set())
+            if not doc.open:
+                error_codes |= {401, 403}
+            for status in sorted(error_codes):
+                responses[str(status)] = {
+                    "description": _STATUS_TEXT.get(status, "Error"),
+                    "content": {"application/json": {"schema": ref[ErrorBody]}},
+                }
+            op["responses"] = responses
+        if isinstance(route, WebSocketRoute):
+            op["x-websocket"] = True
+        paths.setdefault(path, {})[method] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,347 @@
+"""The subscription WebSocket: push deliveries with flow control, take acks and nacks.
+
+``GET /v1/namespaces/{ns}/subscriptions/{name}/stream`` (API.md). JSON text frames, each with
+a ``type``:
+
+| direction | type | fields |
+| --- | --- | --- |
+| server→client | ``delivery`` | ``delivery_id``, ``seq``, ``event_id``, ``proof``, ``event``, ``attempt``, ``lease_expires_at`` |
+| client→server | ``ack`` | ``delivery_id``, ``proof`` — no reply when it works |
+| client→server | ``nack`` | ``delivery_id``, ``proof``, ``retry_after_ms``? — no reply when it works |
+| server→client | ``error`` | ``code``, ``message``, ``ref`` (the delivery id the error is about, or null) |
+| both ways | ``ping`` / ``pong`` | keep-alive: answer a ``ping`` with a ``pong`` |
+
+Guarantees of one connection:
+
+* **Flow control.** Deliveries are leased through :func:`orbit.delivery_pump.lease`, which never
+  lets more than ``max_in_flight`` deliveries of the subscription be leased at once (all
+  connections and pulls together); this connection additionally never holds more unacked
+  hand-outs than ``max_in_flight``.
+* **Bounded memory / backpressure.** Outgoing frames go through one bounded queue
+  (``max_in_flight`` + a few control slots). Deliveries are leased only into free slots; the
+  sender awaits the transport (which blocks while the client does not read); error replies
+  wait for a slot, so a client that floods frames without reading is no longer read from;
+  pings are dropped when the queue is full. So a slow reader costs at most ``max_in_flight``
+  frames, whatever the backlog.
+* **Keep-alive.** The server sends ``ping`` after ``ping_interval_s`` without sending; it
+  closes the connection (code 4408) when nothing was received for ``idle_timeout_s``.
+* **Resume.** When the connection ends, its unacked deliveries are released at once (back to
+  PENDING with no backoff; the attempt counted), so a reconnecting consumer gets them
+  immediately. If the server process dies instead, they come back when their lease expires
+  (``ack_timeout_ms``). Acked deliveries never come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketState
+
+from orbit import deliveries, delivery_pump
+from orbit.deliveries import Leased, StaleProof, event_json
+from orbit.delivery_loop import DeliveryHub
+from orbit.errors import NotFound, OrbitError
+from orbit.ids import id_hex, parse_id
+from orbit.storage import Database, StorageError
+from orbit.store.subscriptions import SubscriptionRow
+from orbit.times import format_time
+
+log = logging.getLogger("orbit.subscriptions.stream")
+
+#: Queue slots kept for control frames (errors, pings, pongs) beyond max_in_flight.
+CONTROL_SLOTS = 8
+IDLE_CLOSE_CODE = 4408
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+class DeliveryFrame(msgspec.Struct, tag="delivery", tag_field="type", kw_only=True):
+    delivery_id: str
+    seq: int
+    event_id: str
+    proof: str
+    event: msgspec.Raw
+    attempt: int
+    lease_expires_at: str
+
+
+class ErrorFrame(msgspec.Struct, tag="error", tag_field="type", kw_only=True):
+    code: str
+    message: str
+    ref: str | None = None
+
+
+class AckFrame(msgspec.Struct, tag="ack", tag_field="type", kw_only=True):
+    delivery_id: str
+    proof: str
+
+
+class NackFrame(msgspec.Struct, tag="nack", tag_field="type", kw_only=True):
+    delivery_id: str
+    proof: str
+    retry_after_ms: int | None = None
+
+
+class PingFrame(msgspec.Struct, tag="ping", tag_field="type", kw_only=True):
+    pass
+
+
+class PongFrame(msgspec.Struct, tag="pong", tag_field="type", kw_only=True):
+    pass
+
+
+ClientFrame = AckFrame | NackFrame | PingFrame | PongFrame
+_DECODE_CLIENT = msgspec.json.Decoder(ClientFrame)
+_ENCODE = msgspec.json.Encoder()
+_PING = _ENCODE.encode(PingFrame()).decode()
+_PONG = _ENCODE.encode(PongFrame()).decode()
+
+
+def delivery_frame(d: Leased) -> str:
+    return _ENCODE.encode(
+        DeliveryFrame(
+            delivery_id=id_hex(d.delivery_id),
+            seq=d.seq,
+            event_id=id_hex(d.event_id),
+            proof=d.proof,
+            event=event_json(d.event),
+            attempt=d.attempt,
+            lease_expires_at=format_time(d.lease_expires_at),
+        )
+    ).decode()
+
+
+def error_frame(code: str, message: str, ref: str | None = None) -> str:
+    return _ENCODE.encode(ErrorFrame(code=code, message=message, ref=ref)).decode()
+
+
+# ----------------------------------------------------------------------------- connection
+
+
+@dataclass
+class StreamStats:
+    """Counters of one connection (tests and metrics read them)."""
+
+    leased: int = 0  # deliveries handed out to this connection
+    sent: int = 0  # frames written to the socket
+    acked: int = 0
+    nacked: int = 0
+    errors: int = 0  # error frames queued
+    pings_dropped: int = 0  # pings not queued because the queue was full
+    max_queue: int = 0  # high-water mark of the send queue
+    max_unacked: int = 0  # high-water mark of unacked hand-outs
+    released: int = 0  # deliveries given back when the connection ended
+
+
+@dataclass
+class StreamOptions:
+    ping_interval_s: float = 20.0
+    idle_timeout_s: float = 60.0
+    poll_s: float = 0.5  # re-check for due deliveries at least this often when idle
+
+
+@dataclass
+class _Held:
+    proof: str = field(repr=False)
+    deadline: float  # monotonic time the lease ends (approximately)
+
+
+class StreamConnection:
+    """One accepted subscription WebSocket; :meth:`run` returns when it ends."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        db: Database,
+        hub: DeliveryHub,
+        sub: SubscriptionRow,
+        options: StreamOptions | None = None,
+    ) -> None:
+        self.ws = ws
+        self.db = db
+        self.hub = hub
+        self.sub = sub
+        self.namespace_id = sub.namespace_id
+        self.options = options or StreamOptions()
+        self.max_in_flight = sub.max_in_flight
+        self.capacity = sub.max_in_flight + CONTROL_SLOTS
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=self.capacity)
+        self.unacked: dict[bytes, _Held] = {}
+        self.stats = StreamStats()
+        self._wake = hub.watch(sub.namespace_id, sub.id)
+        self._last_received = time.monotonic()
+        self._last_sent = time.monotonic()
+
+    # -- queue helpers
+
+    def _note_queue(self) -> None:
+        self.stats.max_queue = max(self.stats.max_queue, self.queue.qsize())
+
+    async def _send_error(self, code: str, message: str, ref: str | None) -> None:
+        self.stats.errors += 1
+        await self.queue.put(error_frame(code, message, ref))  # waits: backpressure
+        self._note_queue()
+
+    # -- tasks
+
+    async def _feed(self) -> None:
+        """Lease into free slots; wait for a wake-up or the poll interval when idle."""
+        while True:
+            self._wake.clear()
+            self._expire_local()
+            room = min(
+                self.max_in_flight - len(self.unacked),
+                self.capacity - CONTROL_SLOTS - self.queue.qsize(),
+            )
+            if room > 0:
+                batch = await delivery_pump.lease(self.db, self.namespace_id, self.sub.id, room)
+                self.max_in_flight = min(
+                    batch.subscription.max_in_flight, self.capacity - CONTROL_SLOTS
+                )
+                ttl = batch.subscription.ack_timeout_ms / 1000.0
+                for d in batch.deliveries:
+                    self.unacked[d.delivery_id] = _Held(d.proof, time.monotonic() + ttl)
+                    # A slot is free unless control frames took it meanwhile: then wait.
+                    await self.queue.put(delivery_frame(d))
+                self.stats.leased += len(batch.deliveries)
+                self.stats.max_unacked = max(self.stats.max_unacked, len(self.unacked))
+                self._note_queue()
+                if batch.deliveries:
+                    continue
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that lands as the event is set, and this task would never end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.poll_s):
+                    await self._wake.wait()
+
+    def _expire_local(self) -> None:
+        """Forget hand-outs whose lease has ended: the database will redeliver them."""
+        now = time.monotonic()
+        for key in [k for k, h in self.unacked.items() if h.deadline <= now]:
+            del self.unacked[key]
+
+    async def _send(self) -> None:
+        while True:
+            text = await self.queue.get()
+            await self.ws.send_text(text)
+            self.stats.sent += 1
+            self._last_sent = time.monotonic()
+
+    async def _keepalive(self) -> None:
+        opts = self.options
+        step = min(opts.ping_interval_s, opts.idle_timeout_s) / 2
+        while True:
+            await asyncio.sleep(step)
+            now = time.monotonic()
+            if now - self._last_received > opts.idle_timeout_s:
+                log.info("closing an idle subscription stream")
+                return
+            if now - self._last_sent >= opts.ping_interval_s:
+                try:
+                    self.queue.put_nowait(_PING)
+                    self._last_sent = now
+                except asyncio.QueueFull:
+                    self.stats.pings_dropped += 1
+
+    async def _receive(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            self._last_received = time.monotonic()
+            raw: Any = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            try:
+                frame = _DECODE_CLIENT.decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                await self._send_error("invalid_request", f"bad frame: {exc}", None)
+                continue
+            if isinstance(frame, AckFrame | NackFrame):
+                await self._settle(frame)
+            elif isinstance(frame, PingFrame):
+                await self.queue.put(_PONG)
+                self._note_queue()
+
+    async def _settle(self, frame: AckFrame | NackFrame) -> None:
+        delivery_id = parse_id(frame.delivery_id)
+        try:
+            if delivery_id is None:
+                raise NotFound("delivery")
+            if isinstance(frame, AckFrame):
+                await deliveries.ack(self.db, self.namespace_id, delivery_id, frame.proof)
+                self.stats.acked += 1
+            else:
+                await deliveries.nack(
+                    self.db, self.namespace_id, delivery_id, frame.proof, frame.retry_after_ms
+                )
+                self.stats.nacked += 1
+                self.hub.notify(self.namespace_id, self.sub.id)
+            self._forget(delivery_id, frame.proof)
+        except OrbitError as exc:
+            if isinstance(exc, StaleProof | NotFound) and delivery_id is not None:
+                self._forget(delivery_id, frame.proof)
+            await self._send_error(exc.code, exc.message, frame.delivery_id)
+        except StorageError as exc:
+            await self._send_error(
+                "not_ready", f"database busy, retry: {type(exc).__name__}", frame.delivery_id
+            )
+
+    def _forget(self, delivery_id: bytes, proof: str) -> None:
+        held = self.unacked.get(delivery_id)
+        if held is not None and held.proof == proof:
+            del self.unacked[delivery_id]
+            self._wake.set()
+
+    # -- lifecycle
+
+    async def run(self) -> None:
+        """Serve until the client leaves, goes idle, or a task fails; then release."""
+        tasks = [
+            asyncio.create_task(self._receive(), name="subscription-receive"),
+            asyncio.create_task(self._send(), name="subscription-send"),
+            asyncio.create_task(self._feed(), name="subscription-feed"),
+            asyncio.create_task(self._keepalive(), name="subscription-keepalive"),
+        ]
+        idle = False
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t.get_name() == "subscription-keepalive":
+                    idle = True
+                elif not t.cancelled() and t.exception() is not None:
+                    exc = t.exception()
+                    log.info("subscription stream ended: %s", type(exc).__name__)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks, timeout=5.0)  # bounded, whatever a task does
+            await asyncio.shield(self._release())
+            self.hub.unwatch(self.namespace_id, self.sub.id, self._wake)
+        if self.ws.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5.0):  # a client that does not read may never drain
+                    await self.ws.close(
+                        code=IDLE_CLOSE_CODE if idle else 1000,
+                        reason="idle timeout" if idle else "",
+                    )
+
+    async def _release(self) -> None:
+        held = [(k, h.proof) for k, h in self.unacked.items()]
+        self.unacked.clear()
+        if not held:
+            return
+        try:
+            self.stats.released = await deliveries.release_many(self.db, self.namespace_id, held)
+        except Exception:
+            # Not fatal: the leases expire and the deliveries come back then.
+            log.exception("could not release %d deliveries of a closed stream", len(held))
+            return
+        self.hub.notify(self.namespace_id, self.sub.id)

@@ -1,0 +1,35 @@
+"""Server settings with defaults; read from the environment (``ORBIT_*``) or set by tests."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Tunables of the platform. Every field has an ``ORBIT_<NAME>`` environment override."""
+
+    #: Largest accepted request body in bytes (API.md: default 1 MiB); larger → 413.
+    max_body_bytes: int = MiB
+    #: Deepest accepted JSON request body (the body object is level 1); deeper → 400.
+    max_json_depth: int = 32
+    #: How long an Idempotency-Key is remembered (SPEC.md: default 24 h).
+    idempotency_retention_s: int = 24 * 3600
+    #: Rows deleted per idempotency cleanup round, and seconds between rounds.
+    idempotency_cleanup_batch: int = 1000
+    idempotency_cleanup_interval_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
+        """Defaults, overridden by ``ORBIT_<FIELD>`` variables, overridden by ``overrides``."""
+        source = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = source.get(f"ORBIT_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = float(raw) if f.type in ("float", float) else int(raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]

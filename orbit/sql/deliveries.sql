@@ -1,0 +1,152 @@
+-- Deliveries (orbit_deliveries): one row per (subscription, result event) with its own lease,
+-- proof digest and attempt budget. States: PENDING, LEASED, ACKED, EXHAUSTED
+-- (docs/delivery-semantics.md draws the machine). Every query filters namespace_id first.
+--
+-- next_at is overloaded on purpose: for PENDING it is the earliest next hand-out (backoff),
+-- for LEASED it equals lease_expires_at. So the one index ix_orbit_deliveries_due
+-- (namespace_id, subscription_id, state, next_at, seq) answers both "what is due" and
+-- "which leases expired", in hand-out order, without a sort.
+
+-- name: delivery_clock_now
+SELECT UTC_TIMESTAMP(6) AS now
+
+-- name: delivery_insert_many
+-- Plain placeholders only, so the driver sends one multi-row INSERT. No ON DUPLICATE KEY:
+-- a duplicate (subscription, seq) means two pumps raced past the row lock, and the unique
+-- key uq_orbit_deliveries_subscription_seq must fail the whole transaction.
+INSERT INTO orbit_deliveries
+  (namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+   lease_expires_at, next_at, acked_at, revision, created_at, updated_at)
+VALUES
+  (%(namespace_id)s, %(id)s, %(subscription_id)s, %(seq)s, %(event_id)s, %(state)s,
+   %(proof_digest)s, %(attempts)s, %(budget)s, %(lease_expires_at)s, %(next_at)s,
+   %(acked_at)s, %(revision)s, %(created_at)s, %(updated_at)s)
+
+-- name: delivery_get
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: delivery_get_for_update
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: delivery_count_leased
+-- Deliveries handed out and not yet settled. Only the holder of the subscription row lock
+-- adds to this set, so the count is exact for that holder.
+SELECT COUNT(*) AS n
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state = 'LEASED'
+
+-- name: delivery_list_due_for_update
+-- PENDING deliveries whose backoff has passed, oldest due first, then by sequence.
+-- SKIP LOCKED: a row being acked or given budget right now is left for the next round.
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state = 'PENDING' AND next_at <= %(now)s
+ORDER BY next_at, seq
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: delivery_list_expired_for_update
+-- LEASED deliveries whose lease has ended (next_at = lease_expires_at for LEASED rows).
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state = 'LEASED' AND next_at <= %(now)s
+ORDER BY next_at, seq
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: delivery_expired_exists
+-- Cheap, non-locking probe used by the background sweep before it locks a subscription.
+SELECT 1 AS found
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state = 'LEASED' AND next_at <= COALESCE(%(now)s, UTC_TIMESTAMP(6))
+LIMIT 1
+
+-- name: delivery_lease_if_pending
+-- One hand-out: a new proof digest, one more attempt, a lease. Guarded by state and
+-- revision: 0 rows means the row moved on since it was read (the caller skips it).
+UPDATE orbit_deliveries
+SET state = 'LEASED', proof_digest = %(proof_digest)s, attempts = attempts + 1,
+  lease_expires_at = %(lease_expires_at)s, next_at = %(lease_expires_at)s,
+  revision = revision + 1, updated_at = %(now)s
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state = 'PENDING' AND attempts < budget
+
+-- name: delivery_requeue_if_revision
+-- Nack, lease expiry or release: back to PENDING at next_at, or EXHAUSTED when the budget
+-- is spent. The proof digest is kept, so a late ack with the last proof still counts until
+-- the next hand-out replaces it.
+UPDATE orbit_deliveries
+SET state = %(state)s, lease_expires_at = NULL, next_at = %(next_at)s,
+  revision = revision + 1, updated_at = %(now)s
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+
+-- name: delivery_ack_if_revision
+UPDATE orbit_deliveries
+SET state = 'ACKED', acked_at = %(now)s, lease_expires_at = NULL,
+  revision = revision + 1, updated_at = %(now)s
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state <> 'ACKED'
+
+-- name: delivery_set_budget_if_revision
+-- Operator budget: raises the budget (never lowers it) and revives an EXHAUSTED delivery.
+-- Attempts are never reset: the history of what was tried stays.
+UPDATE orbit_deliveries
+SET budget = %(budget)s, state = %(state)s, next_at = %(next_at)s,
+  revision = revision + 1, updated_at = %(now)s
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND %(budget)s >= budget
+
+-- name: delivery_count_by_state
+SELECT state, COUNT(*) AS n
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+GROUP BY state
+
+-- name: delivery_count_open_by_state
+-- Deliveries not yet done, by state (the ACKED history is left out: it only grows).
+SELECT state, COUNT(*) AS n
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state IN ('PENDING', 'LEASED', 'EXHAUSTED')
+GROUP BY state
+
+-- name: delivery_list_page
+-- History in sequence order after a cursor (uses uq_orbit_deliveries_subscription_seq).
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: delivery_list_page_by_state
+-- History of one state in sequence order (uses ix_orbit_deliveries_state_seq).
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state = %(state)s AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: delivery_event_list_by_seq
+-- The frozen snapshots of the result events being handed out (immutable rows, plain read;
+-- a locking read here would make other subscriptions' hand-outs skip these events).
+SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state, result,
+  error, attempts, finished_at, created_at
+FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s

@@ -1,0 +1,1 @@
+"""Store modules of the platform: the only code that runs SQL (queries in ``orbit/sql``)."""

@@ -1,0 +1,73 @@
+"""SQL for raw events, result events and the result sequence. Callers pass an open Tx."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from orbit.storage import Tx, load_queries
+
+Q = load_queries(__file__, "events")
+
+
+async def clock_now(tx: Tx) -> datetime:
+    """The database clock (UTC)."""
+    value: datetime = await tx.fetchval(Q.clock_now)
+    return value
+
+
+async def event_insert(tx: Tx, row: dict[str, Any]) -> None:
+    """Insert one raw event; ``created_at`` None means the database clock."""
+    await tx.execute(Q.event_insert, row)
+
+
+async def event_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert raw events in one multi-row INSERT (``created_at`` must be set)."""
+    if rows:
+        await tx.executemany(Q.event_insert_many, rows)
+
+
+async def event_list_for_subject(
+    tx: Tx, namespace_id: bytes, subject_kind: str, subject_id: bytes, limit: int
+) -> list[dict[str, Any]]:
+    return await tx.fetchall(
+        Q.event_list_for_subject,
+        {
+            "namespace_id": namespace_id,
+            "subject_kind": subject_kind,
+            "subject_id": subject_id,
+            "limit": limit,
+        },
+    )
+
+
+async def event_stream_advance(
+    tx: Tx, namespace_id: bytes, n: int, now: datetime | None
+) -> tuple[int, datetime]:
+    """Take ``n`` sequence numbers; return (last_seq after the increment, the time to stamp).
+
+    The stream row stays locked by this transaction until it ends.
+    """
+    await tx.execute(Q.event_stream_advance, {"namespace_id": namespace_id, "n": n, "now": now})
+    row = await tx.fetchone(Q.event_stream_get, {"namespace_id": namespace_id})
+    assert row is not None
+    return int(row["last_seq"]), (now or row["db_now"])
+
+
+async def result_event_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        await tx.executemany(Q.result_event_insert_many, rows)
+
+
+async def result_event_list_after(
+    tx: Tx, namespace_id: bytes, after_seq: int, limit: int
+) -> list[dict[str, Any]]:
+    return await tx.fetchall(
+        Q.result_event_list_after,
+        {"namespace_id": namespace_id, "after_seq": after_seq, "limit": limit},
+    )
+
+
+async def result_event_last_seq(tx: Tx, namespace_id: bytes) -> int:
+    return int(await tx.fetchval(Q.result_event_last_seq, {"namespace_id": namespace_id}) or 0)

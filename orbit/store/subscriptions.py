@@ -1,0 +1,119 @@
+"""SQL for ``orbit_subscriptions`` (queries in ``orbit/sql/subscriptions.sql``).
+
+Each function runs one query in the caller's transaction and returns a typed row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from orbit.storage import Tx, load_queries
+
+Q = load_queries(__file__, "subscriptions")
+
+#: Unique index on (namespace_id, name): a concurrent create of the same name.
+NAME_CONSTRAINT = "uq_orbit_subscriptions_name"
+
+
+class SubscriptionRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``orbit_subscriptions`` row. ``filter``/``start_spec`` are the stored JSON text."""
+
+    namespace_id: bytes
+    id: bytes
+    name: str
+    filter: str
+    start_spec: str
+    after_seq: int
+    ack_timeout_ms: int
+    max_deliveries: int
+    max_in_flight: int
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class BehindRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A subscription whose scan position is behind its namespace's last sequence number."""
+
+    namespace_id: bytes
+    id: bytes
+    after_seq: int
+    last_seq: int
+
+
+class SubscriptionKey(msgspec.Struct, frozen=True, kw_only=True):
+    namespace_id: bytes
+    id: bytes
+
+
+def _row(row: dict[str, Any] | None) -> SubscriptionRow | None:
+    return None if row is None else msgspec.convert(row, SubscriptionRow)
+
+
+async def subscription_get_by_name(
+    tx: Tx, namespace_id: bytes, name: str, *, for_update: bool = False
+) -> SubscriptionRow | None:
+    """The subscription named ``name`` (locked when ``for_update``), or None."""
+    sql = Q.subscription_get_by_name_for_update if for_update else Q.subscription_get_by_name
+    return _row(await tx.fetchone(sql, {"namespace_id": namespace_id, "name": name}))
+
+
+async def subscription_lock(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes, *, skip_locked: bool = False
+) -> SubscriptionRow | None:
+    """Lock the subscription row for this transaction and return it.
+
+    None means it does not exist or, with ``skip_locked``, that another transaction holds it.
+    """
+    sql = Q.subscription_lock_skip_locked if skip_locked else Q.subscription_lock
+    return _row(await tx.fetchone(sql, {"namespace_id": namespace_id, "id": subscription_id}))
+
+
+async def subscription_insert(tx: Tx, row: dict[str, Any]) -> None:
+    """Insert a new subscription (revision 1). Raises DuplicateKey(NAME_CONSTRAINT)."""
+    await tx.execute(Q.subscription_insert, row)
+
+
+async def subscription_update_if_revision(tx: Tx, row: dict[str, Any]) -> bool:
+    """Update the configuration; bump revision.
+
+    False means the revision moved on (a concurrent update) or the row is gone.
+    """
+    return await tx.execute(Q.subscription_update_if_revision, row) == 1
+
+
+async def subscription_advance_if_position(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes, old_seq: int, new_seq: int
+) -> bool:
+    """Move the scan position from ``old_seq`` to ``new_seq``.
+
+    False means the position is no longer ``old_seq`` (another pump advanced it) or
+    ``new_seq`` is not ahead of it.
+    """
+    args = {
+        "namespace_id": namespace_id,
+        "id": subscription_id,
+        "old_seq": old_seq,
+        "new_seq": new_seq,
+    }
+    return await tx.execute(Q.subscription_advance_if_position, args) == 1
+
+
+async def subscription_list_behind(tx: Tx, limit: int) -> list[BehindRow]:
+    """Subscriptions (all namespaces) with result events past their scan position."""
+    rows = await tx.fetchall(Q.subscription_list_behind, {"limit": limit})
+    return [msgspec.convert(r, BehindRow) for r in rows]
+
+
+async def subscription_list_page(
+    tx: Tx, after: tuple[bytes, bytes] | None, limit: int
+) -> list[SubscriptionKey]:
+    """Subscription keys (all namespaces) after ``after`` in key order."""
+    ns, sid = after or (b"", b"")
+    rows = await tx.fetchall(
+        Q.subscription_list_page, {"after_namespace_id": ns, "after_id": sid, "limit": limit}
+    )
+    return [msgspec.convert(r, SubscriptionKey) for r in rows]

@@ -1,0 +1,41 @@
+"""Wire format of times: RFC 3339 UTC with exactly six fractional digits and ``Z``.
+
+Stored times are naive ``datetime`` values in UTC (``DATETIME(6)``, sessions at ``+00:00``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+def format_time(value: datetime) -> str:
+    """``2026-11-29T21:30:00.123456Z`` (naive values are taken as UTC)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def format_opt(value: datetime | None) -> str | None:
+    return None if value is None else format_time(value)
+
+
+def parse_time(text: str) -> datetime:
+    """Parse RFC 3339 with an offset (``Z`` or ``±hh:mm``) into a naive UTC datetime.
+
+    Raises ValueError for text without an offset or not in RFC 3339 form. More than six
+    fractional digits are rejected rather than rounded (MYSQL-NOTES.md: MariaDB truncates,
+    MySQL rounds).
+    """
+    raw = text.strip()
+    if "T" not in raw and "t" not in raw:
+        raise ValueError("expected RFC 3339 date-time, e.g. 2026-11-29T21:30:00.123456Z")
+    if raw.endswith(("Z", "z")):
+        raw = raw[:-1] + "+00:00"
+    frac = raw.split(".", 1)[1] if "." in raw else ""
+    digits = len(frac) - len(frac.lstrip("0123456789"))
+    if digits > 6:
+        raise ValueError("at most 6 fractional digits")
+    value = datetime.fromisoformat(raw)
+    if value.tzinfo is None:
+        raise ValueError("a time zone offset is required (use Z for UTC)")
+    return value.astimezone(UTC).replace(tzinfo=None)

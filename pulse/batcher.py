@@ -1,0 +1,225 @@
+"""Group commit: requests that arrive at this node while a transaction is in flight are
+applied together in the next one.
+
+    batcher = GroupCommit(apply_many, max_batch=64)
+    outcome = await batcher.submit(namespace_id, item)   # the item's own result, or raises
+
+For each key (a namespace: the hot rows — application resources, queue usage, result stream —
+belong to one) at most ONE batch is in flight on this node. The first item after a quiet
+spell is applied at once, alone (no added latency when idle); items that arrive while it
+runs queue up and go together in the next batch (up to ``max_batch``). So under load one
+transaction locks the hot rows once for many items, instead of every item queueing on the
+row locks for its own transaction — the classic group commit of databases, one level up.
+
+``apply(key, items)`` runs the items in one transaction and returns one outcome per item, in
+order: a value, or an exception *instance* for an item that failed on its own (a stale token
+fails only that item). When ``apply`` itself raises — the transaction as a whole failed — and
+the batch has more than one item, each item is re-applied alone so one poisoned item cannot
+fail the others (``isolate`` decides which errors allow that: never an unknown commit
+outcome, which must reach every caller). A single item gets the exception.
+
+Nothing here is durable or shared: the database stays the only coordinator. The queue is
+bounded (``max_pending`` items in total; :meth:`submit` waits for room: backpressure). A
+caller that stops waiting (cancelled) does not cancel its item: it may still be applied, as
+any request whose reply is lost; receipts and fencing tokens make that safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from orbit.storage import OutcomeUnknown
+
+log = logging.getLogger("pulse.batcher")
+
+K = TypeVar("K", bound=Hashable)
+I = TypeVar("I")  # noqa: E741 - the item type
+R = TypeVar("R")
+
+Apply = Callable[[K, list[I]], Awaitable[Sequence[R | BaseException]]]
+
+
+def isolate_unless_unknown(exc: BaseException) -> bool:
+    """Default ``isolate``: re-apply items one by one after any failure except an unknown
+    commit outcome (the batch may have committed: every caller must re-read or re-send)."""
+    return not isinstance(exc, OutcomeUnknown)
+
+
+@dataclass
+class BatchStats:
+    """What the batcher did (for /metrics and the bench)."""
+
+    batches: int = 0
+    items: int = 0
+    largest: int = 0
+    isolated: int = 0  # batches that failed whole and were re-applied item by item
+    sizes: dict[int, int] = field(default_factory=dict)  # batch size → count (capped keys)
+
+    def observe(self, n: int) -> None:
+        self.batches += 1
+        self.items += n
+        self.largest = max(self.largest, n)
+        bucket = 1 if n <= 1 else 2 ** (n - 1).bit_length()
+        self.sizes[bucket] = self.sizes.get(bucket, 0) + 1
+
+
+@dataclass(eq=False)
+class _Entry(Generic[I, R]):
+    item: I
+    future: asyncio.Future[R]
+    settled: bool = False
+
+
+class GroupCommit(Generic[K, I, R]):
+    """Per-key group commit of items through ``apply`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        apply: Apply[K, I, R],
+        *,
+        max_batch: int = 64,
+        max_pending: int = 4096,
+        isolate: Callable[[BaseException], bool] = isolate_unless_unknown,
+        name: str = "batch",
+    ) -> None:
+        if max_batch < 1 or max_pending < 1:
+            raise ValueError("max_batch and max_pending must be >= 1")
+        self._apply = apply
+        self.max_batch = max_batch
+        self.max_pending = max_pending
+        self._isolate = isolate
+        self.name = name
+        self._queues: dict[K, deque[_Entry[I, R]]] = {}
+        self._running: dict[K, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(max_pending)
+        self.stats = BatchStats()
+
+    def pending(self) -> int:
+        """Items queued or in flight."""
+        return self.max_pending - self._slots._value  # a Semaphore keeps its count there
+
+    async def submit(self, key: K, item: I) -> R:
+        """Apply ``item`` with whatever else is queued for ``key``; its own outcome."""
+        await self._slots.acquire()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, deque()).append(_Entry(item, future))
+        if key not in self._running:
+            task = asyncio.create_task(self._drain(key), name=f"{self.name}-drain")
+            self._running[key] = task
+        return await future
+
+    async def _drain(self, key: K) -> None:
+        queue = self._queues[key]
+        batch: list[_Entry[I, R]] = []
+        try:
+            while queue:
+                batch = [queue.popleft() for _ in range(min(len(queue), self.max_batch))]
+                await self._run(key, batch)
+                batch = []
+        except BaseException as exc:
+            # Cancelled (shutdown) or a bug: nobody may wait forever. The batch in flight
+            # may or may not have committed: say so; the queued ones never ran.
+            unknown = OutcomeUnknown(f"{self.name}: stopped while applying ({exc!r})")
+            for entry in batch:
+                self._settle(entry, unknown)
+            while queue:
+                self._settle(queue.popleft(), OutcomeUnknown(f"{self.name}: stopped"))
+            if not isinstance(exc, Exception):  # CancelledError, KeyboardInterrupt...
+                raise
+            log.exception("%s: batch loop failed", self.name)
+        finally:
+            del self._running[key]
+            if not queue:
+                self._queues.pop(key, None)
+
+    async def _run(self, key: K, batch: list[_Entry[I, R]]) -> None:
+        self.stats.observe(len(batch))
+        try:
+            outcomes = await self._apply(key, [e.item for e in batch])
+            if len(outcomes) != len(batch):  # pragma: no cover - a bug in apply
+                raise RuntimeError(f"{self.name}: {len(outcomes)} outcomes for {len(batch)} items")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if len(batch) > 1 and self._isolate(exc):
+                self.stats.isolated += 1
+                log.info("%s: batch of %d failed (%r); applying items alone", self.name,
+                         len(batch), exc)  # fmt: skip
+                for entry in batch:
+                    await self._run(key, [entry])
+                return
+            outcomes = [exc] * len(batch)
+        for entry, outcome in zip(batch, outcomes, strict=True):
+            self._settle(entry, outcome)
+
+    def _settle(self, entry: _Entry[I, R], outcome: R | BaseException) -> None:
+        if entry.settled:
+            return
+        entry.settled = True
+        self._slots.release()
+        if entry.future.done():  # the caller stopped waiting
+            return
+        if isinstance(outcome, BaseException):
+            entry.future.set_exception(outcome)
+        else:
+            entry.future.set_result(outcome)
+
+    async def close(self) -> None:
+        """Cancel the batch loops (queued items fail with OutcomeUnknown)."""
+        tasks = list(self._running.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class WorkerBatches:
+    """This node's group commit of worker messages: ``start`` and result reports
+    (``complete``/``fail``/``cancelled``) each through their own :class:`GroupCommit`, keyed
+    by namespace. Used by the worker stream and the HTTP fallback (pulse/http/workers.py).
+
+    ``ORBIT_PULSE_GROUP_COMMIT=0`` turns batching off (every message its own transaction,
+    as before; for comparisons); ``ORBIT_PULSE_BATCH_MAX`` sets the largest batch (64).
+    Heartbeats are not batched: one per session every ``heartbeat_ms`` is not where the time
+    goes (docs/api/workers.md, "Group commit").
+    """
+
+    def __init__(
+        self,
+        db: Any,
+        *,
+        max_batch: int | None = None,
+        enabled: bool | None = None,
+    ) -> None:
+        from pulse import attempts
+
+        self.db = db
+        if enabled is None:
+            enabled = os.environ.get("ORBIT_PULSE_GROUP_COMMIT", "1") != "0"
+        if max_batch is None:
+            max_batch = int(os.environ.get("ORBIT_PULSE_BATCH_MAX", "64"))
+        self.enabled = enabled
+        size = max_batch if enabled else 1
+        self.starts: GroupCommit[bytes, tuple[bytes, bytes], Any] = GroupCommit(
+            lambda ns, items: attempts.start_many(db, ns, items), max_batch=size, name="starts"
+        )
+        self.reports: GroupCommit[bytes, Any, Any] = GroupCommit(
+            lambda ns, reps: attempts.report_many(db, ns, reps), max_batch=size, name="reports"
+        )
+
+    async def start(self, namespace_id: bytes, session_id: bytes, attempt_id: bytes) -> Any:
+        """:func:`pulse.attempts.start`, group-committed with this node's other starts."""
+        return await self.starts.submit(namespace_id, (session_id, attempt_id))
+
+    async def report(self, namespace_id: bytes, rep: Any) -> Any:
+        """:func:`pulse.attempts.report`, group-committed (raises the item's own error)."""
+        return await self.reports.submit(namespace_id, rep)
+
+    async def close(self) -> None:
+        await self.starts.close()
+        await self.reports.close()

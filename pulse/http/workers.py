@@ -1,0 +1,556 @@
+"""Worker routes: session creation, the WebSocket stream, and the HTTP fallback.
+
+* ``POST /v1/namespaces/{ns}/workers/sessions`` — API key with ``workers.connect``.
+* ``GET  /v1/namespaces/{ns}/workers/sessions/{sid}/stream`` — WebSocket, session token.
+* ``POST /v1/namespaces/{ns}/workers/sessions/{sid}/poll?wait_ms=`` — long-poll offers.
+* ``POST /v1/namespaces/{ns}/workers/sessions/{sid}/heartbeat`` — session keep-alive.
+* ``POST /v1/namespaces/{ns}/attempts/{aid}/start|heartbeat|complete|fail|cancelled|effect``.
+
+Session-token routes answer 401 for a wrong/expired token (a WebSocket is closed with 4401
+before it is accepted). Handlers only decode, authenticate and translate; the rules live in
+:mod:`pulse.sessions`, :mod:`pulse.attempts`, :mod:`pulse.effects`. The protocol, message by
+message, is in docs/api/workers.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from orbit.errors import Conflict, InvalidRequest, OrbitError, PayloadTooLarge, Unauthenticated
+from orbit.http.auditing import audit_intent, request_id
+from orbit.http.auth import authorize, bearer_key
+from orbit.http.body import check_depth, decode, decode_optional, query_int
+from orbit.http.errors import error_response, translate_storage_error
+from orbit.http.openapi import QueryParam, api
+from orbit.http.responses import json_response
+from orbit.ids import parse_id
+from orbit.metrics import count_conflict
+from orbit.storage import StorageError
+from pulse import attempts, effects, sessions, wire
+from pulse.batcher import WorkerBatches
+from pulse.dispatch import Dispatcher
+from pulse.errors import AttemptNotFound
+from pulse.hub import (
+    CLOSE_REPLACED,
+    CLOSE_SESSION_GONE,
+    Connection,
+    Hub,
+    PollConnection,
+    WsConnection,
+)
+from pulse.recovery import release_session_offers
+from pulse.runtime import DISPATCHER_KEY, hub_of
+
+log = logging.getLogger("pulse.http.workers")
+
+CONNECT = "workers.connect"
+#: Frames of one stream handled at the same time (the rest wait: backpressure).
+MAX_INFLIGHT_FRAMES = 32
+DEFAULT_POLL_WAIT_MS = 10_000
+
+
+class SessionGoneError(OrbitError):
+    """The session expired while the request was handled."""
+
+    code = "unauthenticated"
+    status = 401
+
+
+def _ctx(conn: Request | WebSocket) -> Any:
+    return conn.app.state.ctx
+
+
+def _max_depth(conn: Request | WebSocket) -> int:
+    return int(_ctx(conn).settings.max_json_depth)
+
+
+def _dispatcher(ctx: Any, hub: Hub) -> Dispatcher:
+    d = ctx.extras.get(DISPATCHER_KEY)
+    if not isinstance(d, Dispatcher):
+        d = Dispatcher(ctx.db, hub, metrics=getattr(ctx, "metrics", None))
+        ctx.extras[DISPATCHER_KEY] = d
+    return d
+
+
+BATCHES_KEY = "pulse.worker_batches"
+
+
+def _batches(ctx: Any) -> WorkerBatches:
+    """This node's group commit of starts and reports (pulse/batcher.py), made on first use."""
+    b = ctx.extras.get(BATCHES_KEY)
+    if not isinstance(b, WorkerBatches):
+        b = WorkerBatches(ctx.db)
+        ctx.extras[BATCHES_KEY] = b
+        metrics = getattr(ctx, "metrics", None)
+        if metrics is not None:
+            batches = metrics.gauge(
+                "pulse_group_commit_batches", "Transactions run by the group commit", ("kind",)
+            )
+            items = metrics.gauge(
+                "pulse_group_commit_items", "Worker messages applied by group commit", ("kind",)
+            )
+            largest = metrics.gauge(
+                "pulse_group_commit_largest", "Largest batch so far", ("kind",)
+            )
+
+            def collect(b: WorkerBatches = b) -> None:
+                for kind, gc in (("start", b.starts), ("report", b.reports)):
+                    batches.set(gc.stats.batches, kind=kind)
+                    items.set(gc.stats.items, kind=kind)
+                    largest.set(gc.stats.largest, kind=kind)
+
+            metrics.add_collector(collect)
+    return b
+
+
+async def _session(conn: Request | WebSocket, sid: str | None = None) -> sessions.SessionInfo:
+    ctx = _ctx(conn)
+    try:
+        return await sessions.authenticate(ctx.db, conn.path_params["ns"], bearer_key(conn), sid)
+    except OrbitError:
+        ctx.metrics.counter("orbit_auth_failures_total", "Requests rejected with 401", ()).inc()
+        raise
+
+
+# -- session creation ------------------------------------------------------------------------
+
+
+@api(
+    "Open a worker session (returns the session token once)",
+    body=wire.SessionCreate,
+    responses={201: wire.SessionCreated},
+    errors=(400, 401, 403, 404, 409),
+    action=CONNECT,
+    tags=["workers"],
+)
+async def create_session(request: Request) -> Response:
+    ns = request.path_params["ns"]
+    p = await authorize(request, CONNECT, ns)
+    assert p.namespace_id is not None
+    audit_intent(request, CONNECT, "worker_session", None, p.namespace_id)
+    body = decode(await request.body(), wire.SessionCreate, max_depth=_max_depth(request))
+    ctx = _ctx(request)
+    created = await sessions.create_session(
+        ctx.db,
+        namespace_id=p.namespace_id,
+        application_id=p.application_id,
+        credential_id=p.credential_id,
+        allowed_queues=p.queues,
+        body=body,
+        settings=hub_of(ctx).settings,
+        actor=p.actor,
+        request_id=request_id(request),
+    )
+    return json_response(created, 201)
+
+
+# -- the WebSocket stream --------------------------------------------------------------------
+
+
+async def _bind(ctx: Any, hub: Hub, conn: Connection) -> bool:
+    """Make this node the session's holder, replacing an older transport here, index the
+    attempts the session holds and re-send its outstanding offers. False: session gone."""
+    info = conn.info
+    if not await sessions.attach_node(ctx.db, info.namespace_id, info.session_id, hub.node_id):
+        return False
+    previous = hub.register(conn)
+    if previous is not None:
+        await previous.close(CLOSE_REPLACED, "replaced")
+    for attempt_id in await sessions.held_attempts(ctx.db, info.namespace_id, info.session_id):
+        hub.track(attempt_id, conn.key)
+    offers = await sessions.outstanding_offers(ctx.db, info.namespace_id, info.session_id)
+    if offers:
+        await conn.send_offers(offers)
+    return True
+
+
+async def _unbind(ctx: Any, hub: Hub, conn: Connection) -> None:
+    """The transport ended: if it was still the session's holder here, clear the node and
+    give its unstarted offers back to the queue (running attempts keep their leases; the
+    worker may reconnect and report)."""
+    if not hub.unregister(conn):
+        return
+    info = conn.info
+    try:
+        detached = await sessions.detach_node(
+            ctx.db, info.namespace_id, info.session_id, hub.node_id
+        )
+        if detached and await release_session_offers(ctx.db, info.namespace_id, info.session_id):
+            hub.notify_new_work()
+    except Exception:
+        log.exception("cleanup of session stream failed")
+
+
+async def stream(ws: WebSocket) -> None:
+    """The worker stream (docs/api/workers.md). Authenticated by the session token before the
+    upgrade is accepted: a wrong or expired token gets an HTTP 401 where the server supports
+    the denial-response extension (uvicorn does), else the socket is closed with 4401."""
+    ctx = _ctx(ws)
+    hub = hub_of(ctx)
+    try:
+        info = await _session(ws, ws.path_params["sid"])
+    except Unauthenticated as exc:
+        if "websocket.http.response" in ws.scope.get("extensions", {}):
+            # A real 401 before the upgrade (ASGI WebSocket Denial Response extension).
+            await ws.send_denial_response(error_response(exc, request_id(ws)))
+            return
+        raise  # closed with 4401 by the error handler
+    queues = await sessions.resolve_queues(ctx.db, info.namespace_id, info.queues)
+    await ws.accept()
+    conn = WsConnection(info, queues, ws)
+    if not await _bind(ctx, hub, conn):
+        await conn.close(CLOSE_SESSION_GONE, "session_expired")
+        return
+    hub.notify_new_work()
+    try:
+        await _StreamReader(ctx, hub, conn).run()
+    finally:
+        await _unbind(ctx, hub, conn)
+
+
+class _StreamReader:
+    """Receives frames and answers each in its own task (at most MAX_INFLIGHT_FRAMES)."""
+
+    def __init__(self, ctx: Any, hub: Hub, conn: WsConnection) -> None:
+        self.ctx = ctx
+        self.db = ctx.db
+        self.hub = hub
+        self.conn = conn
+        self.info = conn.info
+        self._slots = asyncio.Semaphore(MAX_INFLIGHT_FRAMES)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        ws = self.conn.websocket
+        try:
+            while not self.conn.closed:
+                try:
+                    message = await ws.receive()
+                except (WebSocketDisconnect, RuntimeError):
+                    break
+                if message["type"] == "websocket.disconnect":
+                    break
+                data = message.get("text")
+                raw = data.encode() if data is not None else message.get("bytes") or b""
+                await self._slots.acquire()
+                task = asyncio.create_task(self._handle(raw))
+                self._tasks.add(task)
+                task.add_done_callback(self._done)
+        finally:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, raw: bytes) -> None:
+        ref: str | None = None
+        try:
+            if len(raw) > self.ctx.settings.max_body_bytes:
+                raise PayloadTooLarge("frame larger than the request size limit")
+            ref = _msg_id(raw)
+            check_depth(raw, self.ctx.settings.max_json_depth)
+            try:
+                frame = wire.WORKER_DECODER.decode(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise InvalidRequest(f"bad frame: {exc}") from None
+            reply = await self._answer(frame)
+            if reply is not None:
+                await self.conn.send(reply)
+        except attempts.SessionGone:
+            await self.conn.send(
+                wire.Error(code="unauthenticated", message="the session expired", ref_msg_id=ref)
+            )
+            await self.conn.close(CLOSE_SESSION_GONE, "session_expired")
+        except OrbitError as exc:
+            await self.conn.send(_error_frame(self.ctx, exc, ref))
+        except StorageError as exc:
+            await self.conn.send(_error_frame(self.ctx, translate_storage_error(exc), ref))
+        except Exception:
+            log.exception("worker frame failed")
+            await self.conn.send(
+                wire.Error(code="internal", message="internal error", ref_msg_id=ref)
+            )
+
+    async def _answer(self, frame: wire.WorkerFrame) -> wire.ServerFrame | None:
+        ns, sid = self.info.namespace_id, self.info.session_id
+        if isinstance(frame, wire.Start):
+            reply = await _start(self.ctx, self.hub, self.conn, frame.attempt_id)
+            return msgspec.structs.replace(reply, ref_msg_id=frame.msg_id)
+        if isinstance(frame, wire.Heartbeat):
+            result = await attempts.heartbeat(self.db, ns, sid, frame.attempt_ids)
+            reply_hb = msgspec.structs.replace(result.reply, ref_msg_id=frame.msg_id)
+            await self.conn.send(reply_hb)
+            for attempt_hex in result.cancel_requested:
+                await self.conn.send_cancel(attempt_hex, "cancel_requested")
+            return None
+        if isinstance(frame, wire.Complete | wire.Fail | wire.Cancelled):
+            receipt = await _report(self.ctx, self.hub, ns, frame.attempt_id, frame)
+            return msgspec.structs.replace(receipt, ref_msg_id=frame.msg_id)
+        assert isinstance(frame, wire.Effect)
+        state = await effects.effect(
+            self.db, ns, _attempt_id(frame.attempt_id), frame.execution_token,
+            frame.key, frame.phase, frame.result,
+        )  # fmt: skip
+        return msgspec.structs.replace(state, ref_msg_id=frame.msg_id)
+
+
+class _Ref(msgspec.Struct):
+    msg_id: str | None = None
+
+
+#: Built once (a Struct class and decoder per frame cost more than the rest of the parse).
+_REF_DECODER = msgspec.json.Decoder(_Ref)
+
+
+def _msg_id(raw: bytes) -> str | None:
+    """Best-effort ``msg_id`` of a frame that may not decode (for the error's ref)."""
+    try:
+        return _REF_DECODER.decode(raw).msg_id
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def _error_frame(ctx: Any, exc: OrbitError, ref: str | None) -> wire.Error:
+    if isinstance(exc, Conflict):
+        count_conflict(ctx.metrics, exc.kind)
+    return wire.Error(
+        code=exc.code, message=exc.message, ref_msg_id=ref, details=exc.details or None
+    )
+
+
+def _attempt_id(text: str) -> bytes:
+    attempt_id = parse_id(text)
+    if attempt_id is None:
+        raise AttemptNotFound()
+    return attempt_id
+
+
+def _count_start(ctx: Any, reply: wire.Started | wire.StartDenied) -> None:
+    outcome = "started" if isinstance(reply, wire.Started) else reply.reason
+    ctx.metrics.counter(
+        "pulse_starts_total", "Start requests by outcome (started or the denial reason)",
+        ("outcome",),
+    ).inc(outcome=outcome)  # fmt: skip
+
+
+def _count_report(ctx: Any, op: str, outcome: str) -> None:
+    ctx.metrics.counter(
+        "pulse_reports_total", "Result reports by operation and outcome", ("op", "outcome")
+    ).inc(op=op, outcome=outcome)
+
+
+async def _start(
+    ctx: Any, hub: Hub, conn: Connection, attempt_hex: str
+) -> wire.Started | wire.StartDenied:
+    attempt_id = parse_id(attempt_hex)
+    info = conn.info
+    if attempt_id is None:
+        return wire.StartDenied(ref_msg_id=None, attempt_id=attempt_hex, reason="not_found")
+    reply = await _batches(ctx).start(info.namespace_id, info.session_id, attempt_id)
+    _count_start(ctx, reply)
+    if isinstance(reply, wire.Started):
+        hub.track(attempt_id, conn.key)
+    else:
+        hub.forget(attempt_id)
+        hub.notify_new_work()  # capacity freed, and the task may be back in its queue
+    return reply
+
+
+async def _report(
+    ctx: Any, hub: Hub, namespace_id: bytes, attempt_hex: str, body: Any
+) -> wire.Receipt:
+    attempt_id = _attempt_id(attempt_hex)
+    rep = attempts.Report.from_frame(body, attempt_id)
+    try:
+        receipt = await _batches(ctx).report(namespace_id, rep)
+    except OrbitError as exc:
+        _count_report(ctx, rep.op, exc.code)
+        raise
+    _count_report(ctx, rep.op, receipt.outcome)
+    hub.forget(attempt_id)
+    hub.notify_new_work()  # capacity freed (and a retried task may be due)
+    return receipt
+
+
+# -- HTTP fallback ---------------------------------------------------------------------------
+
+
+@api(
+    "Long-poll offers for a session",
+    responses={200: wire.PollReply},
+    errors=(401,),
+    query=[QueryParam("wait_ms", int, "longest wait (capped by the server)")],
+    tags=["workers"],
+)
+async def poll(request: Request) -> Response:
+    ctx = _ctx(request)
+    hub = hub_of(ctx)
+    info = await _session(request, request.path_params["sid"])
+    wait_ms = min(
+        query_int(request, "wait_ms", DEFAULT_POLL_WAIT_MS), hub.settings.poll_max_wait_ms
+    )
+    conn = hub.get(info.namespace_id, info.session_id)
+    if not isinstance(conn, PollConnection) or conn.closed:
+        queues = await sessions.resolve_queues(ctx.db, info.namespace_id, info.queues)
+        conn = PollConnection(info, queues)
+        if not await _bind(ctx, hub, conn):
+            raise SessionGoneError("the session expired")
+    await _dispatcher(ctx, hub).dispatch_to(conn)
+    offers = await conn.wait(wait_ms / 1000)
+    return json_response(wire.PollReply(offers=offers))
+
+
+@api(
+    "Session keep-alive (and heartbeat of the listed attempts)",
+    body=wire.SessionHeartbeatBody,
+    responses={200: wire.HeartbeatOk},
+    errors=(400, 401),
+    tags=["workers"],
+)
+async def session_heartbeat(request: Request) -> Response:
+    ctx = _ctx(request)
+    info = await _session(request, request.path_params["sid"])
+    body = decode_optional(
+        await request.body(), wire.SessionHeartbeatBody, wire.SessionHeartbeatBody(),
+        max_depth=_max_depth(request),
+    )  # fmt: skip
+    return await _heartbeat(ctx, info, body.attempt_ids)
+
+
+async def _heartbeat(ctx: Any, info: sessions.SessionInfo, attempt_ids: list[str]) -> Response:
+    try:
+        result = await attempts.heartbeat(ctx.db, info.namespace_id, info.session_id, attempt_ids)
+    except attempts.SessionGone:
+        raise SessionGoneError("the session expired") from None
+    return json_response(result.reply)
+
+
+@api("Start an offered attempt", responses={200: wire.Started}, errors=(401, 404), tags=["workers"])
+async def attempt_start(request: Request) -> Response:
+    ctx = _ctx(request)
+    info = await _session(request)
+    attempt_id = _attempt_id(request.path_params["aid"])
+    reply = await _batches(ctx).start(info.namespace_id, info.session_id, attempt_id)
+    _count_start(ctx, reply)
+    hub = hub_of(ctx)
+    if isinstance(reply, wire.StartDenied):
+        if reply.reason == attempts.DENY_NOT_FOUND:
+            raise AttemptNotFound()
+        hub.notify_new_work()
+    return json_response(reply)
+
+
+@api("Heartbeat one attempt", responses={200: wire.HeartbeatOk}, errors=(401,), tags=["workers"])
+async def attempt_heartbeat(request: Request) -> Response:
+    ctx = _ctx(request)
+    info = await _session(request)
+    return await _heartbeat(ctx, info, [request.path_params["aid"]])
+
+
+async def _http_report(request: Request, body_type: type[Any]) -> Response:
+    ctx = _ctx(request)
+    info = await _session(request)
+    attempt_hex = request.path_params["aid"]
+    body = decode(await request.body(), body_type, max_depth=_max_depth(request))
+    frame: wire.Complete | wire.Fail | wire.Cancelled
+    if isinstance(body, wire.CompleteBody):
+        frame = wire.Complete(
+            msg_id="http", attempt_id=attempt_hex, execution_token=body.execution_token,
+            result=body.result,
+        )  # fmt: skip
+    elif isinstance(body, wire.FailBody):
+        frame = wire.Fail(
+            msg_id="http", attempt_id=attempt_hex, execution_token=body.execution_token,
+            error=body.error, retryable=body.retryable, retry_after_ms=body.retry_after_ms,
+        )  # fmt: skip
+    else:
+        frame = wire.Cancelled(
+            msg_id="http", attempt_id=attempt_hex, execution_token=body.execution_token
+        )
+    receipt = await _report(ctx, hub_of(ctx), info.namespace_id, attempt_hex, frame)
+    return json_response(receipt)
+
+
+@api(
+    "Report success",
+    body=wire.CompleteBody,
+    responses={200: wire.Receipt},
+    errors=(400, 401, 404, 409),
+    tags=["workers"],
+)
+async def attempt_complete(request: Request) -> Response:
+    return await _http_report(request, wire.CompleteBody)
+
+
+@api(
+    "Report failure",
+    body=wire.FailBody,
+    responses={200: wire.Receipt},
+    errors=(400, 401, 404, 409),
+    tags=["workers"],
+)
+async def attempt_fail(request: Request) -> Response:
+    return await _http_report(request, wire.FailBody)
+
+
+@api(
+    "Report that a cancelled attempt stopped",
+    body=wire.CancelledBody,
+    responses={200: wire.Receipt},
+    errors=(400, 401, 404, 409),
+    tags=["workers"],
+)
+async def attempt_cancelled(request: Request) -> Response:
+    return await _http_report(request, wire.CancelledBody)
+
+
+@api(
+    "Side-effect ledger: begin or commit an effect",
+    body=wire.EffectBody,
+    responses={200: wire.EffectState},
+    errors=(400, 401, 404, 409),
+    tags=["workers"],
+)
+async def attempt_effect(request: Request) -> Response:
+    ctx = _ctx(request)
+    info = await _session(request)
+    body = decode(await request.body(), wire.EffectBody, max_depth=_max_depth(request))
+    state = await effects.effect(
+        ctx.db, info.namespace_id, _attempt_id(request.path_params["aid"]),
+        body.execution_token, body.key, body.phase, body.result,
+    )  # fmt: skip
+    return json_response(state)
+
+
+def routes() -> list[BaseRoute]:
+    """Every worker route, to mount at the application root."""
+    base = "/v1/namespaces/{ns}"
+    sessions_base = f"{base}/workers/sessions"
+    attempt = f"{base}/attempts/{{aid}}"
+    return [
+        Route(sessions_base, create_session, methods=["POST"]),
+        WebSocketRoute(f"{sessions_base}/{{sid}}/stream", stream),
+        Route(f"{sessions_base}/{{sid}}/poll", poll, methods=["POST"]),
+        Route(f"{sessions_base}/{{sid}}/heartbeat", session_heartbeat, methods=["POST"]),
+        Route(f"{attempt}/start", attempt_start, methods=["POST"]),
+        Route(f"{attempt}/heartbeat", attempt_heartbeat, methods=["POST"]),
+        Route(f"{attempt}/complete", attempt_complete, methods=["POST"]),
+        Route(f"{attempt}/fail", attempt_fail, methods=["POST"]),
+        Route(f"{attempt}/cancelled", attempt_cancelled, methods=["POST"]),
+        Route(f"{attempt}/effect", attempt_effect, methods=["POST"]),
+    ]
+
+
+ROUTES = routes()
+
+__all__ = ["ROUTES", "routes"]

@@ -1,0 +1,64 @@
+"""Wiring of Pulse's worker side into a server process (called by the composition root).
+
+    hub = pulse.runtime.install(ctx)            # before the app serves requests
+    loops = pulse.runtime.background_loops(ctx)  # [dispatcher.run, recovery.run]
+    for loop in loops: tasks.append(asyncio.create_task(loop(stop)))
+
+``install`` puts the :class:`~pulse.hub.Hub` at ``ctx.extras["pulse.hub"]`` (the tasks side
+and the HTTP routes find it there), and the dispatcher and recovery objects at
+``ctx.extras["pulse.dispatcher"]`` / ``ctx.extras["pulse.recovery"]`` (each has
+``run_once()`` for tests and tools). Each loop is ``async def run(stop=None)``: it runs until
+the ``stop`` event is set (the server's lifespan contract, ``cmd/orbit_cmd/server.py``) or the
+task is cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pulse.dispatch import Dispatcher
+from pulse.hub import Hub
+from pulse.recovery import Recovery
+from pulse.sessions import WorkerSettings
+
+HUB_KEY = "pulse.hub"
+DISPATCHER_KEY = "pulse.dispatcher"
+RECOVERY_KEY = "pulse.recovery"
+
+
+def install(ctx: Any, settings: WorkerSettings | None = None) -> Hub:
+    """Create this node's hub (once) and store it at ``ctx.extras["pulse.hub"]``."""
+    hub = ctx.extras.get(HUB_KEY)
+    if not isinstance(hub, Hub):
+        hub = Hub(ctx.node_id, settings or WorkerSettings.from_env())
+        ctx.extras[HUB_KEY] = hub
+        metrics = getattr(ctx, "metrics", None)
+        if metrics is not None:
+            gauge = metrics.gauge(
+                "pulse_worker_connections", "Worker sessions connected to this node", ("kind",)
+            )
+
+            def collect() -> None:
+                for kind, n in hub.counts().items():
+                    gauge.set(n, kind=kind)
+
+            metrics.add_collector(collect)
+    return hub
+
+
+def hub_of(ctx: Any) -> Hub:
+    """The node's hub (installed on first use)."""
+    return install(ctx)
+
+
+def background_loops(ctx: Any) -> list[Callable[..., Awaitable[None]]]:
+    """The dispatcher and recovery loops of this node: ``loop(stop)`` runs until ``stop`` is
+    set (or until cancelled; ``stop`` may be omitted)."""
+    hub = install(ctx)
+    metrics = getattr(ctx, "metrics", None)
+    dispatcher = Dispatcher(ctx.db, hub, metrics=metrics)
+    recovery = Recovery(ctx.db, hub, metrics=metrics)
+    ctx.extras[DISPATCHER_KEY] = dispatcher
+    ctx.extras[RECOVERY_KEY] = recovery
+    return [dispatcher.run, recovery.run]

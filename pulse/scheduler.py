@@ -1,0 +1,624 @@
+"""The scheduler: turns due schedule fire times into occurrences and tasks, exactly once.
+
+Safe on many nodes at once. Each step is ONE transaction that
+
+1. locks the most overdue unpaused schedule row nobody else holds
+   (``SELECT … WHERE paused = 0 AND check_at <= now ORDER BY check_at LIMIT 1 FOR UPDATE
+   SKIP LOCKED`` on the ``(paused, check_at)`` index — the one cross-namespace scan of
+   schedules, allow-listed in ``tests/sql_guard.py``), then
+2. :func:`advance` s it: for every fire time from ``covered_until`` up to now, in order, it
+   writes the occurrence (unique per (schedule, UTC fire time)), its task through
+   :func:`pulse.submit.submit_in_tx` (owner = the schedule's owner, ``source_kind =
+   'schedule'``, ``source_id`` = the occurrence id), the ``schedule.fired`` event, and at the
+   end the schedule's ``covered_until`` / ``check_at`` progress.
+
+Everything of one step commits together or not at all, so a crash can never leave a task
+without its occurrence, an occurrence without its progress, or fire a time twice: a second
+node either skips the locked row or, after the commit, sees the advanced ``covered_until``.
+
+Rules of :func:`advance` (``docs/api/schedules.md`` has worked examples). For a fire time F of
+version v (catch-up window W, grace G) judged at ``now``:
+
+* ``now - F <= G`` → fires, on time;
+* ``G < now - F <= max(W, G)`` → fires, ``late``;
+* ``now - F > max(W, G)`` → skipped. All skipped fire times of one version segment become ONE
+  occurrence row: ``fire_at`` = the first skipped time, ``covered_until`` = the exclusive end
+  of the skipped range, ``skipped_count`` = how many fire times it covers (counted, never
+  iterated), ``reason = 'outside_catchup'``.
+
+Version v governs fire times in ``[published_at(v), published_at(v+1))``: what was due
+under the old version fires under it; later times use the new one. ``covered_until`` only
+moves forward (to ``now + 1 µs`` once caught up). At most ``batch`` occurrences are written per
+transaction; a longer backlog continues in the next step.
+
+``now`` comes from the database clock (``UTC_TIMESTAMP(6)``) unless a clock is injected
+(tests): ``Scheduler(db, now=datetime | callable)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from orbit import events as orbit_events
+from orbit.ids import id_hex, new_id
+from orbit.metrics import Registry
+from orbit.storage import Database, Tx
+from orbit.times import format_time
+from pulse.cron import (
+    ONE_US,
+    CronTiming,
+    IntervalTiming,
+    Segment,
+    Timeline,
+    local_text,
+    make_timing,
+)
+from pulse.store import schedules as store
+from pulse.submit import submit_in_tx
+from pulse.types import TaskSubmit
+
+log = logging.getLogger("pulse.scheduler")
+
+#: Occurrences written per transaction (a skipped range counts as one).
+DEFAULT_BATCH = 100
+#: Versions loaded per step (a schedule republished more often than this between two steps
+#: is caught up over several steps).
+VERSION_WINDOW = 50
+#: When a queue's quota refuses an occurrence's task: look again after this long.
+DEFER_S = 1.0
+#: When a step fails unexpectedly: look at that schedule again after this long.
+ERROR_BACKOFF_S = 30.0
+
+EVENT_FIRED = "schedule.fired"
+EVENT_SKIPPED = "schedule.skipped"
+
+Clock = datetime | Callable[[], datetime] | None
+
+_JSON = msgspec.json.Encoder()
+
+
+# ------------------------------------------------------------------------------ time line
+
+
+@functools.lru_cache(maxsize=1024)
+def _timing(
+    cron: str | None,
+    every_ms: int | None,
+    timezone: str,
+    start_at: datetime | None,
+    end_at: datetime | None,
+) -> CronTiming | IntervalTiming:
+    return make_timing(
+        cron=cron, every_ms=every_ms, timezone=timezone, start_at=start_at, end_at=end_at
+    )
+
+
+def timing_of(version: dict[str, Any]) -> CronTiming | IntervalTiming:
+    """The fire-time computation of a stored version row."""
+    every = version["every_ms"]
+    return _timing(
+        version["cron"],
+        None if every is None else int(every),
+        version["timezone"],
+        version["start_at"],
+        version["end_at"],
+    )
+
+
+@dataclass
+class LoadedTimeline:
+    """The versions governing fire times from some instant on, as a :class:`Timeline`.
+
+    ``horizon``: when more versions exist than were loaded, the publish time of the first
+    one not fully loaded — nothing at or after it may be decided from this load.
+    """
+
+    versions: dict[int, dict[str, Any]]
+    line: Timeline
+    horizon: datetime | None
+
+    def next_fire(self, t: datetime) -> datetime | None:
+        nxt = self.line.next_fire(t)
+        value = None if nxt is None else nxt[0]
+        if self.horizon is not None:
+            value = self.horizon if value is None else min(value, self.horizon)
+        return value
+
+
+async def load_timeline(
+    tx: Tx, namespace_id: bytes, schedule_id: bytes, at: datetime
+) -> LoadedTimeline:
+    """The versions governing fire times ``>= at`` (the one in force at ``at`` and all later
+    ones, up to :data:`VERSION_WINDOW`)."""
+    first = await store.version_at(tx, namespace_id, schedule_id, at)
+    rows = await store.version_list_from(tx, namespace_id, schedule_id, first, VERSION_WINDOW + 1)
+    horizon = rows[VERSION_WINDOW]["created_at"] if len(rows) > VERSION_WINDOW else None
+    line = Timeline.of([(int(r["version"]), r["created_at"], timing_of(r)) for r in rows])
+    return LoadedTimeline({int(r["version"]): r for r in rows}, line, horizon)
+
+
+# ------------------------------------------------------------------------------ advancing
+
+
+@dataclass
+class Advance:
+    """What one :func:`advance` wrote."""
+
+    covered_until: datetime
+    check_at: datetime | None
+    fired: int = 0  # occurrences with a task (created or deduplicated)
+    late: int = 0  # of those, fired later than grace
+    skipped_rows: int = 0  # skipped occurrence rows (ranges or single times)
+    skipped_times: int = 0  # fire times those rows cover
+    deferred: bool = False  # a quota refusal stopped this round; retried after DEFER_S
+    caught_up: bool = False  # every fire time <= now is handled
+    new_work: set[bytes] = field(default_factory=set)  # queue ids that got tasks
+
+
+def _options(version: dict[str, Any]) -> dict[str, Any]:
+    raw = version["task_options"]
+    if raw is None:
+        return {}
+    if isinstance(raw, (bytes, str)):
+        decoded = msgspec.json.decode(raw)
+        return decoded if isinstance(decoded, dict) else {}
+    return dict(raw)
+
+
+def render_dedup_key(
+    template: str, *, schedule: str, fire_at: datetime, local: str, version: int
+) -> str:
+    """Fill ``{schedule}``, ``{fire_at}`` (UTC, RFC 3339), ``{fire_at_local}`` and
+    ``{version}`` into a task template's ``dedup_key``."""
+    return (
+        template.replace("{schedule}", schedule)
+        .replace("{fire_at}", format_time(fire_at))
+        .replace("{fire_at_local}", local)
+        .replace("{version}", str(version))
+    )
+
+
+def task_item(
+    schedule: dict[str, Any], version: dict[str, Any], fire_at: datetime, local: str
+) -> TaskSubmit:
+    """The task an occurrence of ``version`` at ``fire_at`` submits (available at its fire
+    time, so a late occurrence keeps its place in dispatch order)."""
+    opts = _options(version)
+    dedup = opts.get("dedup_key")
+    deadline_ms = opts.get("deadline_ms")
+    return TaskSubmit(
+        queue=version["queue_name"],
+        kind=version["task_kind"],
+        pipeline_version=version["task_pipeline_version"],
+        dedup_key=None
+        if dedup is None
+        else render_dedup_key(
+            str(dedup),
+            schedule=schedule["name"],
+            fire_at=fire_at,
+            local=local,
+            version=int(version["version"]),
+        ),
+        payload=msgspec.Raw(version["task_payload"].encode("utf-8")),
+        priority=int(version["task_priority"]),
+        available_at=format_time(fire_at),
+        deadline_at=None
+        if deadline_ms is None
+        else format_time(fire_at + timedelta(milliseconds=int(deadline_ms))),
+        max_attempts=opts.get("max_attempts"),
+        retry_safe=bool(opts.get("retry_safe", False)),
+    )
+
+
+class _Deferred(Exception):
+    """Internal: the occurrence's task was refused by a quota; stop and retry later."""
+
+
+async def _fire(
+    tx: Tx,
+    schedule: dict[str, Any],
+    version: dict[str, Any],
+    zone_text: str,
+    fire_at: datetime,
+    now: datetime,
+    res: Advance,
+    request_id: str | None,
+) -> None:
+    """Write one due fire time: its task (or the reason there is none), its occurrence row
+    and its event. Raises :class:`_Deferred` (nothing written) on a quota refusal."""
+    ns, sid = schedule["namespace_id"], schedule["id"]
+    occurrence_id = new_id()
+    grace = timedelta(milliseconds=int(version["grace_ms"]))
+    late = now - fire_at > grace
+    [result] = await submit_in_tx(
+        tx,
+        ns,
+        schedule["owner_id"],
+        [task_item(schedule, version, fire_at, zone_text)],
+        source_kind="schedule",
+        source_id=occurrence_id,
+        request_id=request_id,
+        now=now,
+    )
+    task_id: bytes | None = None
+    reason: str | None = None
+    if result.status == 429:
+        raise _Deferred()
+    if result.status in (200, 201) and result.row is not None:
+        outcome = "created"
+        task_id = result.row["id"]
+        reason = "deduplicated" if result.status == 200 else None
+        if result.status == 201:
+            res.new_work.add(result.row["queue_id"])
+        res.fired += 1
+        res.late += int(late)
+    else:
+        outcome = "skipped"
+        reason = "queue_not_found" if result.status == 404 else "invalid_task"
+        res.skipped_rows += 1
+        res.skipped_times += 1
+    await store.occurrence_insert(
+        tx,
+        {
+            "namespace_id": ns,
+            "id": occurrence_id,
+            "schedule_id": sid,
+            "fire_at": fire_at,
+            "fire_at_local": zone_text,
+            "version": int(version["version"]),
+            "task_id": task_id,
+            "outcome": outcome,
+            "late": int(late),
+            "covered_until": None,
+            "skipped_count": None,
+            "reason": reason,
+            "created_at": now,
+        },
+    )
+    data: dict[str, Any] = {
+        "occurrence_id": id_hex(occurrence_id),
+        "fire_at": format_time(fire_at),
+        "version": int(version["version"]),
+        "outcome": outcome,
+        "late": late,
+    }
+    if task_id is not None:
+        data["task_id"] = id_hex(task_id)
+    if reason is not None:
+        data["reason"] = reason
+    await orbit_events.append_event(
+        tx,
+        ns,
+        EVENT_FIRED if outcome == "created" else EVENT_SKIPPED,
+        "schedule",
+        sid,
+        data,
+        request_id,
+        now=now,
+    )
+
+
+async def _skip_range(
+    tx: Tx,
+    schedule: dict[str, Any],
+    version: dict[str, Any],
+    segment: Segment,
+    first: datetime,
+    until: datetime,
+    reason: str,
+    now: datetime,
+    res: Advance,
+    request_id: str | None,
+) -> None:
+    """One occurrence row for every fire time of ``segment`` in ``[first, until)``."""
+    ns, sid = schedule["namespace_id"], schedule["id"]
+    count = min(segment.timing.count(first, until), 2**32 - 1)
+    occurrence_id = new_id()
+    await store.occurrence_insert(
+        tx,
+        {
+            "namespace_id": ns,
+            "id": occurrence_id,
+            "schedule_id": sid,
+            "fire_at": first,
+            "fire_at_local": local_text(segment.timing.zone, first),
+            "version": segment.version,
+            "task_id": None,
+            "outcome": "skipped",
+            "late": 0,
+            "covered_until": until,
+            "skipped_count": count,
+            "reason": reason,
+            "created_at": now,
+        },
+    )
+    await orbit_events.append_event(
+        tx,
+        ns,
+        EVENT_SKIPPED,
+        "schedule",
+        sid,
+        {
+            "occurrence_id": id_hex(occurrence_id),
+            "fire_at": format_time(first),
+            "covered_until": format_time(until),
+            "skipped_count": count,
+            "version": segment.version,
+            "reason": reason,
+        },
+        request_id,
+        now=now,
+    )
+    res.skipped_rows += 1
+    res.skipped_times += count
+
+
+async def advance(
+    tx: Tx,
+    schedule: dict[str, Any],
+    now: datetime,
+    *,
+    limit: int = DEFAULT_BATCH,
+    skip_all: str | None = None,
+    request_id: str | None = None,
+) -> Advance:
+    """Handle the fire times of the LOCKED ``schedule`` row from ``covered_until`` up to and
+    including ``now`` (module docstring), then record ``covered_until`` / ``check_at``.
+
+    ``skip_all``: record every such fire time as skipped with this reason (resume after a
+    pause) instead of applying catch-up and grace. Writes at most ``limit`` occurrences;
+    :attr:`Advance.caught_up` tells whether it got to ``now``.
+    """
+    ns, sid = schedule["namespace_id"], schedule["id"]
+    covered: datetime = schedule["covered_until"]
+    loaded = await load_timeline(tx, ns, sid, covered)
+    stop = now + ONE_US
+    if loaded.horizon is not None:
+        stop = min(stop, loaded.horizon)
+    res = Advance(covered_until=covered, check_at=schedule["check_at"])
+    cursor = covered
+    produced = 0
+    finished = True
+    for segment, seg_lo, seg_hi in loaded.line.segments_between(covered, stop):
+        version = loaded.versions[segment.version]
+        timing = segment.timing
+        lo = max(seg_lo, cursor)
+        if skip_all is not None:
+            cutoff, reason = seg_hi, skip_all
+        else:
+            tolerance = max(int(version["grace_ms"]), int(version["catchup_window_ms"]))
+            cutoff, reason = now - timedelta(milliseconds=tolerance), "outside_catchup"
+        skip_hi = min(cutoff, seg_hi)
+        if lo < skip_hi:
+            first = timing.next_fire(lo)
+            if first is not None and first < skip_hi:
+                await _skip_range(
+                    tx, schedule, version, segment, first, skip_hi, reason, now, res, request_id
+                )
+                produced += 1
+            lo = skip_hi
+        while lo < seg_hi:
+            fire_at = timing.next_fire(lo)
+            if fire_at is None or fire_at >= seg_hi:
+                lo = seg_hi
+                break
+            if produced >= limit:
+                finished = False
+                break
+            try:
+                await _fire(
+                    tx, schedule, version, local_text(timing.zone, fire_at), fire_at, now, res,
+                    request_id,
+                )  # fmt: skip
+            except _Deferred:
+                res.deferred = True
+                finished = False
+                break
+            produced += 1
+            lo = fire_at + ONE_US
+        cursor = lo
+        if not finished:
+            break
+    if finished:
+        cursor = max(cursor, stop)
+    res.caught_up = finished and loaded.horizon is None
+    res.covered_until = cursor
+    if res.deferred:
+        res.check_at = now + timedelta(seconds=DEFER_S)
+    else:
+        res.check_at = loaded.next_fire(cursor)
+    ok = await store.schedule_progress_if_covered(tx, ns, sid, covered, cursor, res.check_at)
+    assert ok, "the schedule row is locked by this transaction"
+    return res
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+@dataclass
+class SchedulerStats:
+    """One :meth:`Scheduler.run_once` round."""
+
+    steps: int = 0  # schedules worked on (one transaction each)
+    fired: int = 0
+    late: int = 0
+    skipped_rows: int = 0
+    skipped_times: int = 0
+    deferred: int = 0
+    errors: int = 0
+
+    def add(self, a: Advance) -> None:
+        self.steps += 1
+        self.fired += a.fired
+        self.late += a.late
+        self.skipped_rows += a.skipped_rows
+        self.skipped_times += a.skipped_times
+        self.deferred += int(a.deferred)
+
+
+class Scheduler:
+    """The scheduler loop. ``run_once()`` for tests and tools; ``run(stop)`` until cancelled
+    or ``stop`` is set. ``now``: a fixed datetime or a callable (tests); None = database clock.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        now: Clock = None,
+        *,
+        hub: Any = None,
+        metrics: Registry | None = None,
+        batch: int = DEFAULT_BATCH,
+        max_steps: int = 1000,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.db = db
+        self.now = now
+        self.hub = hub
+        self.batch = batch
+        self.max_steps = max_steps
+        self.interval_s = interval_s
+        self._metrics = metrics
+        if metrics is not None:
+            self._m_fired = metrics.counter(
+                "pulse_schedule_fired_total", "Schedule occurrences that created a task", ("late",)
+            )
+            self._m_skipped = metrics.counter(
+                "pulse_schedule_skipped_total", "Schedule fire times recorded as skipped", ()
+            )
+            self._m_deferred = metrics.counter(
+                "pulse_schedule_deferred_total", "Scheduler rounds stopped by a queue quota", ()
+            )
+            self._m_errors = metrics.counter(
+                "pulse_schedule_errors_total", "Scheduler steps that failed", ()
+            )
+
+    def _pinned(self, now: Clock) -> datetime | None:
+        clock = now if now is not None else self.now
+        if clock is None:
+            return None
+        return clock() if callable(clock) else clock
+
+    async def step(self, now: Clock = None) -> Advance | None:
+        """Claim one due schedule and advance it, in one transaction; None when nothing is
+        due. A failing step pushes that schedule's ``check_at`` back by
+        :data:`ERROR_BACKOFF_S` (so it cannot block the others) and re-raises."""
+        pinned = self._pinned(now)
+        claimed: dict[str, Any] = {}
+
+        async def run(tx: Tx) -> Advance | None:
+            t = await store.clock_now(tx, pinned)
+            row = await store.schedule_claim_due(tx, t)
+            if row is None:
+                return None
+            claimed.update(row, now=t)
+            return await advance(tx, row, t, limit=self.batch)
+
+        try:
+            result = await self.db.transaction(run)
+        except Exception:
+            if claimed:
+                await self._back_off(claimed)
+            raise
+        if result is not None and result.new_work and self.hub is not None:
+            from pulse.tasks import call_hub
+
+            for queue_id in sorted(result.new_work):
+                await call_hub(self.hub, "notify_new_work", claimed["namespace_id"], queue_id)
+        return result
+
+    async def _back_off(self, row: dict[str, Any]) -> None:
+        async def run(tx: Tx) -> None:
+            await store.schedule_defer_if_check(
+                tx, row["namespace_id"], row["id"], row["check_at"],
+                row["now"] + timedelta(seconds=ERROR_BACKOFF_S),
+            )  # fmt: skip
+
+        try:
+            await self.db.transaction(run, retries=2)
+        except Exception:  # pragma: no cover - best effort
+            log.exception("could not back off schedule %s", id_hex(row["id"]))
+
+    async def run_once(self, *, now: Clock = None) -> SchedulerStats:
+        """Work on due schedules until none is left (or ``max_steps`` transactions)."""
+        stats = SchedulerStats()
+        for _ in range(self.max_steps):
+            try:
+                result = await self.step(now)
+            except Exception:
+                stats.errors += 1
+                log.exception("scheduler step failed")
+                if self._metrics is not None:
+                    self._m_errors.inc()
+                continue
+            if result is None:
+                break
+            stats.add(result)
+            if self._metrics is not None:
+                if result.fired - result.late:
+                    self._m_fired.inc(result.fired - result.late, late="false")
+                if result.late:
+                    self._m_fired.inc(result.late, late="true")
+                if result.skipped_times:
+                    self._m_skipped.inc(result.skipped_times)
+                if result.deferred:
+                    self._m_deferred.inc()
+        return stats
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Run rounds every ``interval_s`` (with jitter) until cancelled or ``stop`` is set;
+        a round that hit ``max_steps`` is followed at once by the next."""
+        while stop is None or not stop.is_set():
+            try:
+                stats = await self.run_once()
+                if stats.steps >= self.max_steps:
+                    continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # pragma: no cover - run_once already logs per step
+                log.exception("scheduler round failed")
+            delay = self.interval_s * random.uniform(0.8, 1.2)
+            if stop is None:
+                await asyncio.sleep(delay)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+
+async def run_forever(
+    db: Database,
+    interval: float = 1.0,
+    *,
+    stop: asyncio.Event | None = None,
+    hub: Any = None,
+    metrics: Registry | None = None,
+) -> None:
+    """Run a :class:`Scheduler` on the database clock until cancelled or ``stop`` is set."""
+    await Scheduler(db, hub=hub, metrics=metrics, interval_s=interval).run(stop)
+
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "EVENT_FIRED",
+    "EVENT_SKIPPED",
+    "Advance",
+    "LoadedTimeline",
+    "Scheduler",
+    "SchedulerStats",
+    "advance",
+    "load_timeline",
+    "render_dedup_key",
+    "run_forever",
+    "task_item",
+    "timing_of",
+]

@@ -1,0 +1,329 @@
+-- Attempts (pulse_attempts), their receipts (pulse_attempt_receipts) and evidence
+-- (pulse_attempt_evidence), plus the worker-side task transitions: lease (offer), start,
+-- heartbeat, release, finish, retry, review.
+--
+-- Every task/attempt UPDATE is guarded (state, current attempt and revision) and bumps
+-- revision, so its affected-row count (CLIENT.FOUND_ROWS) says whether the guard held.
+-- Times are passed in as %(now)s, read once per transaction from the database clock after
+-- the rows are locked. Every query filters namespace_id first, except the allow-listed
+-- recovery scan attempt_list_expired (cross-namespace, on ix_pulse_attempts_lease).
+
+-- name: task_get
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
+  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
+  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
+  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
+  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
+  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
+  finished_at, revision
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: task_lock
+-- Lock order: after the application's and the queue's usage rows, before the attempt.
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
+  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
+  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
+  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
+  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
+  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
+  finished_at, revision
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: task_get_many
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
+  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
+  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
+  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
+  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
+  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
+  finished_at, revision
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+
+-- name: task_due_peek
+-- Cheap probe (no lock) before the dispatcher locks anything: the owners of the first due
+-- tasks of a queue, so their application rows can be locked first (lock order).
+SELECT owner_id
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
+  AND dispatch_at <= %(now)s AND available_at <= %(now)s
+  AND (deadline_at IS NULL OR deadline_at > %(now)s)
+  AND (concurrency_key IS NULL OR %(keys_ok)s = 1)
+ORDER BY dispatch_at, id
+LIMIT %(limit)s
+
+-- name: task_claim_due
+-- Two-step dispatch, step 1: lock due tasks of one queue in dispatch order. SKIP LOCKED gives
+-- concurrent dispatchers disjoint batches (ix_pulse_tasks_dispatch). dispatch_at <= now is
+-- implied by available_at <= now but lets the index range stop early.
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, payload, priority,
+  available_at, dispatch_at, deadline_at, concurrency_key, state, attempts, revision
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
+  AND dispatch_at <= %(now)s AND available_at <= %(now)s
+  AND (deadline_at IS NULL OR deadline_at > %(now)s)
+  AND (concurrency_key IS NULL OR %(keys_ok)s = 1)
+ORDER BY dispatch_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: task_lease_if_waiting
+-- WAITING → LEASED for the new OFFERED attempt. 0 rows = the task moved on.
+UPDATE pulse_tasks
+SET state = 'LEASED', current_attempt_id = %(attempt_id)s, session_id = %(session_id)s,
+  lease_expires_at = %(lease_expires_at)s, state_version = state_version + 1,
+  state_changed_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'WAITING'
+  AND revision = %(revision)s
+
+-- name: task_start_if_leased
+-- LEASED → RUNNING for its current attempt; attempts = the attempt's generation.
+-- 0 rows = the task is no longer leased to this attempt (or its revision moved on).
+UPDATE pulse_tasks
+SET state = 'RUNNING', attempts = %(generation)s, started_at = %(now)s,
+  lease_expires_at = %(lease_expires_at)s, state_version = state_version + 1,
+  state_changed_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'LEASED'
+  AND current_attempt_id = %(attempt_id)s AND revision = %(revision)s
+
+-- name: task_release_if_leased
+-- LEASED → WAITING (offer expired, denied or given back); attempts unchanged.
+UPDATE pulse_tasks
+SET state = 'WAITING', current_attempt_id = NULL, session_id = NULL, lease_expires_at = NULL,
+  state_version = state_version + 1, state_changed_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'LEASED'
+  AND current_attempt_id = %(attempt_id)s AND revision = %(revision)s
+
+-- name: task_fail_if_leased
+-- LEASED → FAILED at start authorisation (deadline passed); the offer is released.
+UPDATE pulse_tasks
+SET state = 'FAILED', error = %(error)s, finished_at = %(now)s, current_attempt_id = NULL,
+  session_id = NULL, lease_expires_at = NULL, cancel_requested = 0, effect_uncertain = 0,
+  state_version = state_version + 1, state_changed_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'LEASED'
+  AND current_attempt_id = %(attempt_id)s AND revision = %(revision)s
+
+-- name: task_end_run_if_running
+-- RUNNING → SUCCEEDED / FAILED / CANCELLED (finished_at set), WAITING (retry at
+-- available_at) or NEEDS_REVIEW (effect_uncertain = 1). Leaves no current attempt.
+-- 0 rows = the task is not running this attempt any more (or its revision moved on).
+UPDATE pulse_tasks
+SET state = %(state)s, result = %(result)s, error = %(error)s, finished_at = %(finished_at)s,
+  available_at = COALESCE(%(available_at)s, available_at),
+  effect_uncertain = %(effect_uncertain)s, current_attempt_id = NULL, session_id = NULL,
+  lease_expires_at = NULL, cancel_requested = 0, state_version = state_version + 1,
+  state_changed_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'RUNNING'
+  AND current_attempt_id = %(attempt_id)s AND revision = %(revision)s
+
+-- name: task_heartbeat_if_running
+-- Extends the task's mirror of the running attempt's lease. 0 rows = not running this
+-- attempt, or the lease already expired (recovery decides; a heartbeat never revives).
+UPDATE pulse_tasks
+SET lease_expires_at = %(lease_expires_at)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'RUNNING'
+  AND current_attempt_id = %(attempt_id)s AND lease_expires_at > %(now)s
+
+-- name: attempt_insert_many
+INSERT INTO pulse_attempts
+  (namespace_id, id, task_id, generation, session_id, state, lease_expires_at, offered_at,
+   revision)
+VALUES
+  (%(namespace_id)s, %(id)s, %(task_id)s, %(generation)s, %(session_id)s, 'OFFERED',
+   %(lease_expires_at)s, %(now)s, 1)
+
+-- name: attempt_get
+SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
+  concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
+  retryable, revision
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: attempt_lock
+-- Also returns db_now: the decision's clock, read once the locks are held (%(now)s pins it).
+SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
+  concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
+  retryable, revision, CAST(COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: attempt_peek
+-- Unlocked read of what never changes (task, queue, owner): what to lock, in which order.
+SELECT a.task_id, a.session_id, t.queue_id, t.owner_id
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE a.namespace_id = %(namespace_id)s AND a.id = %(id)s
+
+-- name: start_context
+-- The rest of what a start is judged by, in one read: the session's state and expiry, the
+-- queue's lease and whether the namespace or queue gate is closed.
+SELECT q.lease_ms, s.state AS session_state, s.expires_at AS session_expires_at,
+  (SELECT COALESCE(MAX(g.paused), 0) FROM pulse_execution_gates g
+   WHERE g.namespace_id = %(namespace_id)s AND g.queue_id IN (%(zero_id)s, %(queue_id)s))
+   AS gate_closed
+FROM pulse_queues q
+LEFT JOIN pulse_worker_sessions s ON s.namespace_id = q.namespace_id AND s.id = %(session_id)s
+WHERE q.namespace_id = %(namespace_id)s AND q.id = %(queue_id)s
+
+-- name: attempt_start_if_offered
+-- OFFERED → RUNNING with the execution token's digest and the running lease.
+-- 0 rows = not offered any more (started, released) or its revision moved on.
+UPDATE pulse_attempts
+SET state = 'RUNNING', execution_token_digest = %(token_digest)s,
+  concurrency_token = %(concurrency_token)s, lease_expires_at = %(lease_expires_at)s,
+  started_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'OFFERED'
+  AND revision = %(revision)s
+
+-- name: attempt_release_if_offered
+-- OFFERED → RELEASED: never started, so nothing can have happened. 0 rows = moved on.
+UPDATE pulse_attempts
+SET state = 'RELEASED', finished_at = %(now)s, error = %(error)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'OFFERED'
+  AND revision = %(revision)s
+
+-- name: attempt_finish_if_running
+-- RUNNING → SUCCEEDED / FAILED / CANCELLED / LOST. 0 rows = not running any more.
+UPDATE pulse_attempts
+SET state = %(state)s, finished_at = %(now)s, result = %(result)s, error = %(error)s,
+  retryable = %(retryable)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'RUNNING'
+  AND revision = %(revision)s
+
+-- name: attempt_heartbeat_if_running
+-- 0 rows = not running, another session's, or its lease already expired.
+UPDATE pulse_attempts
+SET lease_expires_at = %(lease_expires_at)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'RUNNING'
+  AND session_id = %(session_id)s AND lease_expires_at > %(now)s
+
+-- name: attempt_heartbeat_view
+-- What a heartbeat needs per attempt: the attempt, its task's state and cancel flag, and the
+-- queue's lease length.
+SELECT a.id, a.task_id, a.session_id, a.state, a.lease_expires_at,
+  t.state AS task_state, t.current_attempt_id, t.cancel_requested, q.lease_ms
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+JOIN pulse_queues q ON q.namespace_id = t.namespace_id AND q.id = t.queue_id
+WHERE a.namespace_id = %(namespace_id)s AND a.id IN %(ids)s
+
+-- name: attempt_list_expired
+-- Allow-listed cross-namespace recovery scan on ix_pulse_attempts_lease (state, lease).
+SELECT namespace_id, id, task_id, state
+FROM pulse_attempts
+WHERE state = %(state)s AND lease_expires_at <= %(now)s
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+
+-- name: attempt_list_for_task
+SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
+  concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
+  retryable, revision
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+ORDER BY generation, offered_at
+
+-- name: receipt_get_for_attempt
+SELECT namespace_id, id, attempt_id, operation, request_digest, task_state, created_at
+FROM pulse_attempt_receipts
+WHERE namespace_id = %(namespace_id)s AND attempt_id = %(attempt_id)s
+
+-- name: receipt_insert
+-- Unique per attempt (uq_pulse_attempt_receipts_report): one applied report each.
+INSERT INTO pulse_attempt_receipts
+  (namespace_id, id, attempt_id, operation, request_digest, task_state, created_at)
+VALUES
+  (%(namespace_id)s, %(id)s, %(attempt_id)s, %(operation)s, %(request_digest)s,
+   %(task_state)s, %(now)s)
+
+-- name: evidence_insert
+INSERT INTO pulse_attempt_evidence
+  (namespace_id, id, attempt_id, task_id, kind, result, data, created_at)
+VALUES
+  (%(namespace_id)s, %(id)s, %(attempt_id)s, %(task_id)s, %(kind)s, %(result)s, %(data)s,
+   %(now)s)
+
+-- name: evidence_exists
+-- A late report re-sent is recorded once: same attempt, kind and request digest.
+SELECT 1 AS found
+FROM pulse_attempt_evidence
+WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+  AND attempt_id = %(attempt_id)s AND kind = %(kind)s
+  AND JSON_UNQUOTE(JSON_EXTRACT(data, '$.request_digest')) = %(request_digest)s
+LIMIT 1
+
+-- name: evidence_list_for_task
+SELECT namespace_id, id, attempt_id, task_id, kind, result, data, created_at
+FROM pulse_attempt_evidence
+WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+ORDER BY created_at, id
+
+-- Batch forms (group commit of worker messages, pulse/batcher.py): the same reads as
+-- attempt_peek / task_lock / attempt_lock / start_context / receipt_get_for_attempt for many
+-- rows in one statement each. Locking reads take their rows in primary-key order.
+
+-- name: attempt_peek_many
+SELECT a.id, a.task_id, a.session_id, t.queue_id, t.owner_id
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE a.namespace_id = %(namespace_id)s AND a.id IN %(ids)s
+
+-- name: task_lock_many
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
+  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
+  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
+  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
+  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
+  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
+  finished_at, revision
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+ORDER BY id
+FOR UPDATE
+
+-- name: attempt_lock_many
+SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
+  concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
+  retryable, revision, CAST(COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+ORDER BY id
+FOR UPDATE
+
+-- name: session_state_many
+SELECT id, state, expires_at
+FROM pulse_worker_sessions
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+
+-- name: queue_start_context_many
+-- Per queue: its running lease and whether the namespace or the queue gate is closed.
+SELECT q.id, q.lease_ms,
+  (SELECT COALESCE(MAX(g.paused), 0) FROM pulse_execution_gates g
+   WHERE g.namespace_id = %(namespace_id)s AND g.queue_id IN (%(zero_id)s, q.id))
+   AS gate_closed
+FROM pulse_queues q
+WHERE q.namespace_id = %(namespace_id)s AND q.id IN %(ids)s
+
+-- name: receipt_get_many
+SELECT namespace_id, id, attempt_id, operation, request_digest, task_state, created_at
+FROM pulse_attempt_receipts
+WHERE namespace_id = %(namespace_id)s AND attempt_id IN %(ids)s
+
+-- name: queue_start_limits_many
+-- Unlocked probe: does any of these queues limit starts (permits or start rate)? Then the
+-- start batch locks the usage rows first, before judging (see pulse/attempts.py).
+SELECT id, (max_concurrency IS NOT NULL OR max_starts_per_second IS NOT NULL) AS limited
+FROM pulse_queues
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+
+-- name: application_start_limits_many
+-- Unlocked probe of the owners' start quotas (platform table, keyed by application).
+SELECT application_id AS id,
+  (max_active_attempts IS NOT NULL OR max_starts_per_second IS NOT NULL
+   OR max_reservations IS NOT NULL) AS limited
+FROM orbit_application_resources
+WHERE application_id IN %(ids)s

@@ -1,0 +1,137 @@
+-- Worker instances (pulse_worker_instances) and sessions (pulse_worker_sessions).
+-- Every query filters namespace_id first, except the allow-listed recovery scan
+-- session_list_expired (cross-namespace, on ix_pulse_worker_sessions_expiry).
+
+-- name: instance_get
+SELECT namespace_id, id, application_id, host, pid, sdk, created_at, last_seen_at, revision
+FROM pulse_worker_instances
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: instance_lock
+SELECT namespace_id, id, application_id, host, pid, sdk, created_at, last_seen_at, revision
+FROM pulse_worker_instances
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: instance_insert
+INSERT INTO pulse_worker_instances
+  (namespace_id, id, application_id, host, pid, sdk, created_at, last_seen_at, revision)
+VALUES
+  (%(namespace_id)s, %(id)s, %(application_id)s, %(host)s, %(pid)s, %(sdk)s, %(now)s, %(now)s, 1)
+
+-- name: instance_update_if_revision
+-- A worker process re-registering (same instance id): new host/pid/sdk facts, seen now.
+UPDATE pulse_worker_instances
+SET host = %(host)s, pid = %(pid)s, sdk = %(sdk)s, last_seen_at = %(now)s,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+
+-- name: instance_touch
+-- last_seen_at only moves forward (two sessions of one instance heartbeat independently).
+UPDATE pulse_worker_instances
+SET last_seen_at = GREATEST(last_seen_at, %(now)s), revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: session_insert
+INSERT INTO pulse_worker_sessions
+  (namespace_id, id, instance_id, application_id, credential_id, token_digest, queues,
+   max_concurrency, concurrency_keys, state, node_id, heartbeat_ms, lease_ms, expires_at,
+   created_at, closed_at, revision)
+VALUES
+  (%(namespace_id)s, %(id)s, %(instance_id)s, %(application_id)s, %(credential_id)s,
+   %(token_digest)s, %(queues)s, %(max_concurrency)s, %(concurrency_keys)s, 'ACTIVE', NULL,
+   %(heartbeat_ms)s, %(lease_ms)s, %(expires_at)s, %(now)s, NULL, 1)
+
+-- name: session_get
+SELECT namespace_id, id, instance_id, application_id, credential_id, token_digest, queues,
+  max_concurrency, concurrency_keys, state, node_id, heartbeat_ms, lease_ms, expires_at,
+  created_at, closed_at, revision
+FROM pulse_worker_sessions
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: session_lock
+-- Lock order: the session row comes before application resources, queues, tasks, attempts.
+SELECT namespace_id, id, instance_id, application_id, credential_id, token_digest, queues,
+  max_concurrency, concurrency_keys, state, node_id, heartbeat_ms, lease_ms, expires_at,
+  created_at, closed_at, revision
+FROM pulse_worker_sessions
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: session_get_for_auth
+-- Everything a session-token request is judged by, in one read: the session, its
+-- namespace's name, the credential that opened it and its application's status.
+SELECT s.namespace_id, s.id, s.instance_id, s.application_id, s.credential_id, s.token_digest,
+  s.queues, s.max_concurrency, s.concurrency_keys, s.state, s.node_id, s.heartbeat_ms,
+  s.lease_ms, s.expires_at, s.revision,
+  n.name AS namespace_name,
+  c.revoked_at AS credential_revoked_at, c.expires_at AS credential_expires_at,
+  a.status AS application_status,
+  CAST(COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM pulse_worker_sessions s
+JOIN orbit_namespaces n ON n.id = s.namespace_id
+LEFT JOIN orbit_credentials c ON c.id = s.credential_id
+LEFT JOIN orbit_applications a ON a.id = s.application_id
+WHERE s.namespace_id = %(namespace_id)s AND s.id = %(id)s
+
+-- name: session_extend_if_active
+-- Heartbeat: the session lives lease_ms past now. 0 rows = expired or closed (or past its
+-- expiry and waiting for recovery): a dead session is never revived.
+UPDATE pulse_worker_sessions
+SET expires_at = %(expires_at)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
+  AND expires_at > %(now)s
+
+-- name: session_attach_node
+-- The stream (or long-poll) of the session is now held by node_id; offers come only from it.
+UPDATE pulse_worker_sessions
+SET node_id = %(node_id)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
+
+-- name: session_detach_node_if_node
+-- Only the node that holds the stream clears it (a newer node may have taken over).
+UPDATE pulse_worker_sessions
+SET node_id = NULL, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND node_id = %(node_id)s
+
+-- name: session_list_expired
+-- Allow-listed cross-namespace recovery scan on ix_pulse_worker_sessions_expiry.
+SELECT namespace_id, id
+FROM pulse_worker_sessions
+WHERE state = 'ACTIVE' AND expires_at <= %(now)s
+ORDER BY expires_at
+LIMIT %(limit)s
+
+-- name: session_expire_if_due
+-- 0 rows = another node expired it first, or a heartbeat extended it meanwhile.
+UPDATE pulse_worker_sessions
+SET state = 'EXPIRED', closed_at = %(now)s, node_id = NULL, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
+  AND expires_at <= %(now)s
+
+-- name: session_count_held
+-- Flow control: attempts the session holds (offered or running), on ix_pulse_attempts_session.
+SELECT COUNT(*) AS n
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND session_id = %(session_id)s
+  AND state IN ('OFFERED', 'RUNNING')
+
+-- name: session_list_held
+-- Attempts the session holds, for recovery after the session ends.
+SELECT namespace_id, id, task_id, state
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND session_id = %(session_id)s
+  AND state IN ('OFFERED', 'RUNNING')
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: session_list_offered
+-- Outstanding offers of a session (re-sent when its stream reconnects), with the task
+-- fields of an offer frame.
+SELECT a.id AS attempt_id, a.generation, a.lease_expires_at AS attempt_lease_expires_at,
+  t.id, t.queue_name, t.kind, t.payload, t.priority, t.deadline_at, t.concurrency_key
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE a.namespace_id = %(namespace_id)s AND a.session_id = %(session_id)s
+  AND a.state = 'OFFERED' AND a.lease_expires_at > %(now)s
+ORDER BY a.offered_at, a.id

@@ -1,0 +1,241 @@
+-- Tasks (pulse_tasks) on the producer/operator side: submit, read, list, cancel, resolve,
+-- deadline expiry; plus the attempt and evidence reads and writes those need.
+-- Every query on a runtime table filters namespace_id first, except the documented
+-- cross-namespace background scan task_expire_candidates.
+-- {cols} in a query stands for the task_columns block (expanded when loaded).
+
+-- name: task_columns
+namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key, payload,
+  priority, available_at, dispatch_at, deadline_at, max_attempts, retry_backoff_initial_ms,
+  retry_backoff_max_ms, retry_backoff_multiplier, retry_safe, concurrency_key,
+  concurrency_key_digest, state, state_version, attempts, current_attempt_id, session_id,
+  lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution, source_kind,
+  source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at, finished_at,
+  revision
+
+-- name: task_get
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
+-- name: task_get_for_update
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+FOR UPDATE
+
+-- name: task_get_many
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+
+-- name: task_get_many_for_update
+-- Locks in primary-key order so two bulk operations never lock the same rows crosswise.
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+ORDER BY id
+FOR UPDATE
+
+-- name: task_get_by_identity
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s AND kind = %(kind)s
+  AND pipeline_version = %(pipeline_version)s AND dedup_key = %(dedup_key)s
+
+-- name: task_find_identities
+-- Existing tasks among a batch's identities, on uq_pulse_tasks_identity.
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
+  AND (kind, pipeline_version, dedup_key) IN %(identities)s
+
+-- name: task_insert
+-- Plain placeholders only, so executemany sends one multi-row INSERT.
+INSERT INTO pulse_tasks
+  (namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
+   payload, priority, available_at, deadline_at, max_attempts, retry_backoff_initial_ms,
+   retry_backoff_max_ms, retry_backoff_multiplier, retry_safe, concurrency_key,
+   concurrency_key_digest, state, source_kind, source_id, created_at, state_changed_at)
+VALUES
+  (%(namespace_id)s, %(id)s, %(owner_id)s, %(queue_id)s, %(queue_name)s, %(kind)s,
+   %(pipeline_version)s, %(dedup_key)s, %(payload)s, %(priority)s, %(available_at)s,
+   %(deadline_at)s, %(max_attempts)s, %(retry_backoff_initial_ms)s, %(retry_backoff_max_ms)s,
+   %(retry_backoff_multiplier)s, %(retry_safe)s, %(concurrency_key)s,
+   %(concurrency_key_digest)s, %(state)s, %(source_kind)s, %(source_id)s, %(created_at)s,
+   %(created_at)s)
+
+-- name: task_list
+-- Filters are optional (NULL = any); keyset pagination on (created_at, id).
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s
+  AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)
+  AND (%(state)s IS NULL OR state = %(state)s)
+  AND (%(kind)s IS NULL OR kind = %(kind)s)
+  AND (%(owner_id)s IS NULL OR owner_id = %(owner_id)s)
+  AND (%(dedup_key)s IS NULL OR dedup_key = %(dedup_key)s)
+  AND (created_at > %(after_created_at)s
+       OR (created_at = %(after_created_at)s AND id > %(after_id)s))
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: task_cancel_candidates_by_owner
+-- Bulk cancel: not-yet-cancelled tasks of the filter (WAITING, LEASED, RUNNING without a
+-- cancel request yet), read without locks; the caller locks them by id afterwards. The
+-- state IN list is a range on the index named in the hint, so tasks finished by earlier
+-- batches are never scanned again (without the hint the optimizer may pick the
+-- cross-namespace ix_pulse_tasks_lease).
+SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_owner)
+WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
+  AND state IN ('WAITING', 'LEASED', 'RUNNING')
+  AND NOT (state = 'RUNNING' AND cancel_requested = 1)
+  AND (%(queue_id)s IS NULL OR queue_id = %(queue_id)s)
+  AND (%(kind)s IS NULL OR kind = %(kind)s)
+LIMIT %(limit)s
+
+-- name: task_cancel_candidates_by_queue
+SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_dispatch)
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
+  AND state IN ('WAITING', 'LEASED', 'RUNNING')
+  AND NOT (state = 'RUNNING' AND cancel_requested = 1)
+  AND (%(kind)s IS NULL OR kind = %(kind)s)
+LIMIT %(limit)s
+
+-- name: task_cancel_candidates_all
+SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_state_age)
+WHERE namespace_id = %(namespace_id)s
+  AND state IN ('WAITING', 'LEASED', 'RUNNING')
+  AND NOT (state = 'RUNNING' AND cancel_requested = 1)
+  AND (%(kind)s IS NULL OR kind = %(kind)s)
+LIMIT %(limit)s
+
+-- name: task_cancel_if_unstarted
+-- WAITING or LEASED → CANCELLED. 0 rows = the task moved on (started, finished) meanwhile.
+UPDATE pulse_tasks
+SET state = 'CANCELLED',
+  state_version = state_version + 1,
+  current_attempt_id = NULL,
+  session_id = NULL,
+  lease_expires_at = NULL,
+  error = %(error)s,
+  finished_at = %(now)s,
+  state_changed_at = %(now)s,
+  stuck_at = NULL,
+  stuck_reason = NULL,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state IN ('WAITING', 'LEASED')
+
+-- name: task_request_cancel_if_running
+-- RUNNING: ask the worker to stop. The state does not change (the worker reports).
+UPDATE pulse_tasks
+SET cancel_requested = 1,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state = 'RUNNING' AND cancel_requested = 0
+
+-- name: attempt_release_if_offered
+-- The offer of a cancelled LEASED task: its later start must be denied.
+UPDATE pulse_attempts
+SET state = 'RELEASED',
+  finished_at = %(now)s,
+  error = %(error)s,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'OFFERED'
+
+-- name: task_resolve_retry_if_review
+-- NEEDS_REVIEW → WAITING (one more attempt at least): history kept, uncertainty resolved.
+UPDATE pulse_tasks
+SET state = 'WAITING',
+  state_version = state_version + 1,
+  effect_uncertain = 0,
+  cancel_requested = 0,
+  current_attempt_id = NULL,
+  session_id = NULL,
+  lease_expires_at = NULL,
+  max_attempts = GREATEST(max_attempts, attempts + 1),
+  available_at = %(now)s,
+  error = NULL,
+  resolution = %(resolution)s,
+  state_changed_at = %(now)s,
+  stuck_at = NULL,
+  stuck_reason = NULL,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state = 'NEEDS_REVIEW'
+
+-- name: task_resolve_finish_if_review
+-- NEEDS_REVIEW → SUCCEEDED (result) or FAILED (error) by an operator.
+UPDATE pulse_tasks
+SET state = %(state)s,
+  state_version = state_version + 1,
+  effect_uncertain = 0,
+  current_attempt_id = NULL,
+  session_id = NULL,
+  lease_expires_at = NULL,
+  result = %(result)s,
+  error = %(error)s,
+  resolution = %(resolution)s,
+  finished_at = %(now)s,
+  state_changed_at = %(now)s,
+  stuck_at = NULL,
+  stuck_reason = NULL,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state = 'NEEDS_REVIEW'
+
+-- name: task_expire_candidates
+-- Cross-namespace background scan (allow-listed): WAITING tasks past their deadline,
+-- on ix_pulse_tasks_deadline, read without locks. The sweep then locks the usage rows
+-- (lock order) and the tasks with task_lock_expired_many.
+SELECT namespace_id, id, queue_id, owner_id FROM pulse_tasks
+WHERE state = 'WAITING' AND deadline_at <= %(now)s
+ORDER BY deadline_at
+LIMIT %(limit)s
+
+-- name: task_lock_expired_many
+-- Locks the candidates that are still WAITING past their deadline; SKIP LOCKED leaves the
+-- ones another node (or a dispatcher) holds right now to that transaction.
+SELECT {cols} FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+  AND state = 'WAITING' AND deadline_at <= %(now)s
+ORDER BY id
+FOR UPDATE SKIP LOCKED
+
+-- name: task_fail_deadline_if_waiting
+UPDATE pulse_tasks
+SET state = 'FAILED',
+  state_version = state_version + 1,
+  error = %(error)s,
+  finished_at = %(now)s,
+  state_changed_at = %(now)s,
+  stuck_at = NULL,
+  stuck_reason = NULL,
+  revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+  AND state = 'WAITING'
+
+-- name: attempt_list_for_task
+-- An offer released unstarted keeps its generation for the next offer, so a generation may
+-- appear on several attempts (at most one of them started): offer time breaks the tie.
+SELECT namespace_id, id, task_id, generation, session_id, state, concurrency_token,
+  lease_expires_at, offered_at, started_at, finished_at, result, error, retryable
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+ORDER BY generation, offered_at, id
+
+-- name: attempt_latest_for_task
+SELECT id, generation FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+ORDER BY generation DESC, offered_at DESC, id DESC
+LIMIT 1
+
+-- name: evidence_list_for_task
+SELECT namespace_id, id, attempt_id, task_id, kind, result, data, created_at
+FROM pulse_attempt_evidence
+WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
+ORDER BY created_at, id
+
+-- name: evidence_insert
+INSERT INTO pulse_attempt_evidence
+  (namespace_id, id, attempt_id, task_id, kind, result, data, created_at)
+VALUES
+  (%(namespace_id)s, %(id)s, %(attempt_id)s, %(task_id)s, %(kind)s, %(result)s, %(data)s,
+   %(now)s)
+
+-- name: clock_now
+SELECT COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS now

@@ -1,0 +1,302 @@
+"""SQL for attempts, receipts, evidence and the worker-side task transitions
+(``pulse/sql/attempts.sql``).
+
+Every function runs one query on the caller's open :class:`~orbit.storage.Tx`. Guarded
+updates (``*_if_<state>``) return a bool; False always means "the guard did not hold": the
+row is not in that state, not bound to that attempt, or its revision moved on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from orbit.storage import Tx, load_queries
+
+Q = load_queries(__file__, "attempts")
+
+Row = dict[str, Any]
+
+
+# -- tasks (worker-side transitions) ---------------------------------------------------------
+
+
+async def task_get(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
+    return await tx.fetchone(Q.task_get, {"namespace_id": namespace_id, "id": task_id})
+
+
+async def task_lock(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
+    """Lock (FOR UPDATE) and return the task row."""
+    return await tx.fetchone(Q.task_lock, {"namespace_id": namespace_id, "id": task_id})
+
+
+async def task_get_many(tx: Tx, namespace_id: bytes, task_ids: Sequence[bytes]) -> dict[bytes, Row]:
+    if not task_ids:
+        return {}
+    rows = await tx.fetchall(
+        Q.task_get_many, {"namespace_id": namespace_id, "ids": tuple(task_ids)}
+    )
+    return {r["id"]: r for r in rows}
+
+
+async def task_due_peek(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, keys_ok: bool, limit: int
+) -> set[bytes]:
+    """Owners of the first ``limit`` due WAITING tasks of the queue (no lock); empty when
+    nothing is due."""
+    rows = await tx.fetchall(
+        Q.task_due_peek,
+        {
+            "namespace_id": namespace_id,
+            "queue_id": queue_id,
+            "now": now,
+            "keys_ok": int(keys_ok),
+            "limit": limit,
+        },
+    )
+    return {r["owner_id"] for r in rows}
+
+
+async def task_claim_due(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, keys_ok: bool, limit: int
+) -> list[Row]:
+    """Lock up to ``limit`` due WAITING tasks of the queue (SKIP LOCKED), in dispatch order."""
+    return await tx.fetchall(
+        Q.task_claim_due,
+        {
+            "namespace_id": namespace_id,
+            "queue_id": queue_id,
+            "now": now,
+            "keys_ok": int(keys_ok),
+            "limit": limit,
+        },
+    )
+
+
+async def task_lease_if_waiting(tx: Tx, row: Row) -> bool:
+    """WAITING → LEASED. False: the task is not WAITING or its revision moved on."""
+    return await tx.execute(Q.task_lease_if_waiting, row) == 1
+
+
+async def task_start_if_leased(tx: Tx, row: Row) -> bool:
+    """LEASED → RUNNING for ``row['attempt_id']``. False: not leased to it any more."""
+    return await tx.execute(Q.task_start_if_leased, row) == 1
+
+
+async def task_release_if_leased(tx: Tx, row: Row) -> bool:
+    """LEASED → WAITING. False: not leased to ``row['attempt_id']`` any more."""
+    return await tx.execute(Q.task_release_if_leased, row) == 1
+
+
+async def task_fail_if_leased(tx: Tx, row: Row) -> bool:
+    """LEASED → FAILED (deadline at start). False: not leased to the attempt any more."""
+    return await tx.execute(Q.task_fail_if_leased, row) == 1
+
+
+async def task_end_run_if_running(tx: Tx, row: Row) -> bool:
+    """RUNNING → finished, WAITING (retry) or NEEDS_REVIEW.
+
+    False: the task is not running ``row['attempt_id']`` any more, or its revision moved on.
+    """
+    return await tx.execute(Q.task_end_run_if_running, row) == 1
+
+
+async def task_heartbeat_if_running(tx: Tx, row: Row) -> bool:
+    """Extend the task's lease. False: not running the attempt, or the lease already passed."""
+    return await tx.execute(Q.task_heartbeat_if_running, row) == 1
+
+
+# -- attempts --------------------------------------------------------------------------------
+
+
+async def attempt_insert_many(tx: Tx, rows: Sequence[Row]) -> None:
+    """Insert OFFERED attempts (one multi-row INSERT)."""
+    if rows:
+        await tx.executemany(Q.attempt_insert_many, rows)
+
+
+async def attempt_get(tx: Tx, namespace_id: bytes, attempt_id: bytes) -> Row | None:
+    return await tx.fetchone(Q.attempt_get, {"namespace_id": namespace_id, "id": attempt_id})
+
+
+async def attempt_lock(
+    tx: Tx, namespace_id: bytes, attempt_id: bytes, now: datetime | None = None
+) -> Row | None:
+    """Lock (FOR UPDATE) and return the attempt row, with ``db_now`` (``now`` or the
+    database clock, read once the lock is held)."""
+    return await tx.fetchone(
+        Q.attempt_lock, {"namespace_id": namespace_id, "id": attempt_id, "now": now}
+    )
+
+
+async def attempt_peek(tx: Tx, namespace_id: bytes, attempt_id: bytes) -> Row | None:
+    """``task_id``, ``session_id``, ``queue_id``, ``owner_id`` of an attempt (no lock)."""
+    return await tx.fetchone(Q.attempt_peek, {"namespace_id": namespace_id, "id": attempt_id})
+
+
+async def start_context(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, session_id: bytes, zero_id: bytes
+) -> Row | None:
+    """``lease_ms``, ``session_state``, ``session_expires_at``, ``gate_closed``."""
+    return await tx.fetchone(
+        Q.start_context,
+        {
+            "namespace_id": namespace_id,
+            "queue_id": queue_id,
+            "session_id": session_id,
+            "zero_id": zero_id,
+        },
+    )
+
+
+async def attempt_start_if_offered(tx: Tx, row: Row) -> bool:
+    """OFFERED → RUNNING. False: not OFFERED any more or its revision moved on."""
+    return await tx.execute(Q.attempt_start_if_offered, row) == 1
+
+
+async def attempt_release_if_offered(tx: Tx, row: Row) -> bool:
+    """OFFERED → RELEASED. False: not OFFERED any more or its revision moved on."""
+    return await tx.execute(Q.attempt_release_if_offered, row) == 1
+
+
+async def attempt_finish_if_running(tx: Tx, row: Row) -> bool:
+    """RUNNING → SUCCEEDED/FAILED/CANCELLED/LOST. False: not RUNNING any more."""
+    return await tx.execute(Q.attempt_finish_if_running, row) == 1
+
+
+async def attempt_heartbeat_if_running(tx: Tx, row: Row) -> bool:
+    """Extend a running attempt's lease.
+
+    False: not RUNNING, bound to another session, or its lease already expired.
+    """
+    return await tx.execute(Q.attempt_heartbeat_if_running, row) == 1
+
+
+async def attempt_heartbeat_view(
+    tx: Tx, namespace_id: bytes, attempt_ids: Sequence[bytes]
+) -> dict[bytes, Row]:
+    if not attempt_ids:
+        return {}
+    rows = await tx.fetchall(
+        Q.attempt_heartbeat_view, {"namespace_id": namespace_id, "ids": tuple(attempt_ids)}
+    )
+    return {r["id"]: r for r in rows}
+
+
+async def attempt_list_expired(tx: Tx, state: str, now: datetime, limit: int) -> list[Row]:
+    """Attempts in ``state`` whose lease passed, oldest first, across namespaces."""
+    return await tx.fetchall(Q.attempt_list_expired, {"state": state, "now": now, "limit": limit})
+
+
+async def attempt_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> list[Row]:
+    return await tx.fetchall(
+        Q.attempt_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
+    )
+
+
+# -- receipts and evidence -------------------------------------------------------------------
+
+
+async def receipt_get_for_attempt(tx: Tx, namespace_id: bytes, attempt_id: bytes) -> Row | None:
+    return await tx.fetchone(
+        Q.receipt_get_for_attempt, {"namespace_id": namespace_id, "attempt_id": attempt_id}
+    )
+
+
+async def receipt_insert(tx: Tx, row: Row) -> None:
+    """DuplicateKey(``uq_pulse_attempt_receipts_report``) when the attempt has one already."""
+    await tx.execute(Q.receipt_insert, row)
+
+
+async def evidence_insert(tx: Tx, row: Row) -> None:
+    await tx.execute(Q.evidence_insert, row)
+
+
+async def evidence_exists(
+    tx: Tx, namespace_id: bytes, task_id: bytes, attempt_id: bytes, kind: str, request_digest: str
+) -> bool:
+    row = await tx.fetchone(
+        Q.evidence_exists,
+        {
+            "namespace_id": namespace_id,
+            "task_id": task_id,
+            "attempt_id": attempt_id,
+            "kind": kind,
+            "request_digest": request_digest,
+        },
+    )
+    return row is not None
+
+
+async def evidence_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> list[Row]:
+    return await tx.fetchall(
+        Q.evidence_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
+    )
+
+
+# -- batch forms (group commit) --------------------------------------------------------------
+
+
+async def _by_id(tx: Tx, sql: str, namespace_id: bytes, ids: Sequence[bytes],
+                 key: str = "id", **extra: Any) -> dict[bytes, Row]:  # fmt: skip
+    if not ids:
+        return {}
+    rows = await tx.fetchall(
+        sql, {"namespace_id": namespace_id, "ids": tuple(sorted(set(ids))), **extra}
+    )
+    return {r[key]: r for r in rows}
+
+
+async def attempt_peek_many(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> dict[bytes, Row]:
+    """:func:`attempt_peek` of many attempts (no lock), by attempt id."""
+    return await _by_id(tx, Q.attempt_peek_many, namespace_id, ids)
+
+
+async def task_lock_many(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> dict[bytes, Row]:
+    """Lock (FOR UPDATE, in id order) and return many task rows, by id."""
+    return await _by_id(tx, Q.task_lock_many, namespace_id, ids)
+
+
+async def attempt_lock_many(
+    tx: Tx, namespace_id: bytes, ids: Sequence[bytes], now: datetime | None = None
+) -> dict[bytes, Row]:
+    """Lock (FOR UPDATE, in id order) and return many attempt rows with ``db_now``."""
+    return await _by_id(tx, Q.attempt_lock_many, namespace_id, ids, now=now)
+
+
+async def session_state_many(
+    tx: Tx, namespace_id: bytes, ids: Sequence[bytes]
+) -> dict[bytes, Row]:
+    """``state`` and ``expires_at`` of many sessions (no lock), by session id."""
+    return await _by_id(tx, Q.session_state_many, namespace_id, ids)
+
+
+async def queue_start_context_many(
+    tx: Tx, namespace_id: bytes, ids: Sequence[bytes], zero_id: bytes
+) -> dict[bytes, Row]:
+    """``lease_ms`` and ``gate_closed`` (namespace or queue gate) of many queues, by id."""
+    return await _by_id(tx, Q.queue_start_context_many, namespace_id, ids, zero_id=zero_id)
+
+
+async def receipt_get_many(
+    tx: Tx, namespace_id: bytes, attempt_ids: Sequence[bytes]
+) -> dict[bytes, Row]:
+    """Receipts of many attempts, by attempt id."""
+    return await _by_id(tx, Q.receipt_get_many, namespace_id, attempt_ids, key="attempt_id")
+
+
+async def start_limited(
+    tx: Tx, namespace_id: bytes, queue_ids: Sequence[bytes], owner_ids: Sequence[bytes]
+) -> bool:
+    """True when one of the queues or owning applications has a start limit (unlocked read:
+    whether the start batch must lock the usage rows before judging its items)."""
+    queues = await _by_id(tx, Q.queue_start_limits_many, namespace_id, queue_ids)
+    if any(r["limited"] for r in queues.values()):
+        return True
+    if not owner_ids:
+        return False
+    rows = await tx.fetchall(
+        Q.application_start_limits_many, {"ids": tuple(sorted(set(owner_ids)))}
+    )
+    return any(r["limited"] for r in rows)

@@ -1,0 +1,154 @@
+"""SQL for queues, queue usage counters, execution gates and application usage counters.
+
+Every function runs one query from ``pulse/sql/queues.sql`` on the caller's open :class:`Tx`
+and returns rows as dicts (column name → value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from orbit.storage import Tx, load_queries
+
+Q = load_queries(__file__, "queues")
+
+Row = dict[str, Any]
+
+#: ``pulse_execution_gates.queue_id`` of the namespace-wide gate.
+NAMESPACE_GATE = bytes(16)
+
+
+async def queue_get_by_name(
+    tx: Tx, namespace_id: bytes, name: str, *, for_update: bool = False
+) -> Row | None:
+    sql = Q.queue_get_by_name_for_update if for_update else Q.queue_get_by_name
+    return await tx.fetchone(sql, {"namespace_id": namespace_id, "name": name})
+
+
+async def queue_get(tx: Tx, namespace_id: bytes, queue_id: bytes) -> Row | None:
+    return await tx.fetchone(Q.queue_get, {"namespace_id": namespace_id, "id": queue_id})
+
+
+async def queue_insert(tx: Tx, row: Row) -> None:
+    """Insert a queue. Raises DuplicateKey(``uq_pulse_queues_name``) when the name is taken."""
+    await tx.execute(Q.queue_insert, row)
+
+
+async def queue_update_if_revision(tx: Tx, row: Row) -> bool:
+    """Replace the config of queue ``row['id']`` when its revision is ``row['revision']``.
+
+    False: the revision moved on or the queue is gone.
+    """
+    return await tx.execute(Q.queue_update_if_revision, row) == 1
+
+
+async def queue_list_after(tx: Tx, namespace_id: bytes, after_name: str, limit: int) -> list[Row]:
+    return await tx.fetchall(
+        Q.queue_list_after,
+        {"namespace_id": namespace_id, "after_name": after_name, "limit": limit},
+    )
+
+
+async def queue_count_by_state(tx: Tx, namespace_id: bytes, queue_id: bytes) -> dict[str, int]:
+    rows = await tx.fetchall(
+        Q.queue_count_by_state, {"namespace_id": namespace_id, "queue_id": queue_id}
+    )
+    return {r["state"]: int(r["n"]) for r in rows}
+
+
+async def usage_insert(tx: Tx, namespace_id: bytes, queue_id: bytes) -> None:
+    await tx.execute(Q.usage_insert, {"namespace_id": namespace_id, "queue_id": queue_id})
+
+
+async def usage_get(tx: Tx, namespace_id: bytes, queue_id: bytes) -> Row | None:
+    return await tx.fetchone(Q.usage_get, {"namespace_id": namespace_id, "queue_id": queue_id})
+
+
+async def usage_get_many(
+    tx: Tx, namespace_id: bytes, queue_ids: Sequence[bytes]
+) -> dict[bytes, Row]:
+    if not queue_ids:
+        return {}
+    rows = await tx.fetchall(
+        Q.usage_get_many, {"namespace_id": namespace_id, "queue_ids": tuple(queue_ids)}
+    )
+    return {r["queue_id"]: r for r in rows}
+
+
+async def queue_usage_lock(tx: Tx, namespace_id: bytes, queue_id: bytes) -> Row | None:
+    """Lock (FOR UPDATE) and return the queue's usage row."""
+    return await tx.fetchone(Q.usage_lock, {"namespace_id": namespace_id, "queue_id": queue_id})
+
+
+async def queue_usage_add(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, unfinished: int, reservations: int, active: int
+) -> None:
+    await tx.execute(
+        Q.usage_add,
+        {
+            "namespace_id": namespace_id,
+            "queue_id": queue_id,
+            "unfinished": unfinished,
+            "reservations": reservations,
+            "active": active,
+        },
+    )
+
+
+async def queue_usage_add_quota_denials(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, n: int
+) -> None:
+    await tx.execute(
+        Q.usage_add_quota_denials, {"namespace_id": namespace_id, "queue_id": queue_id, "n": n}
+    )
+
+
+async def gate_get_many(
+    tx: Tx, namespace_id: bytes, queue_ids: Sequence[bytes]
+) -> dict[bytes, Row]:
+    """Gates by queue id (:data:`NAMESPACE_GATE` for the namespace gate); absent = open."""
+    rows = await tx.fetchall(
+        Q.gate_get_many, {"namespace_id": namespace_id, "queue_ids": tuple(queue_ids)}
+    )
+    return {r["queue_id"]: r for r in rows}
+
+
+async def gate_set(
+    tx: Tx, namespace_id: bytes, gate_id: bytes, queue_id: bytes, paused: bool, now: datetime
+) -> None:
+    """Open or close a gate (created on first use); the control revision moves on change only."""
+    await tx.execute(
+        Q.gate_set,
+        {
+            "namespace_id": namespace_id,
+            "id": gate_id,
+            "queue_id": queue_id,
+            "paused": int(paused),
+            "now": now,
+        },
+    )
+
+
+async def gate_closed(tx: Tx, namespace_id: bytes, queue_id: bytes) -> bool:
+    """True when the namespace gate or the queue gate is paused."""
+    value = await tx.fetchval(
+        Q.gate_closed,
+        {"namespace_id": namespace_id, "zero_id": NAMESPACE_GATE, "queue_id": queue_id},
+    )
+    return bool(value)
+
+
+async def application_usage_add(
+    tx: Tx, application_id: bytes, unfinished: int, reservations: int, active: int
+) -> None:
+    await tx.execute(
+        Q.application_usage_add,
+        {
+            "application_id": application_id,
+            "unfinished": unfinished,
+            "reservations": reservations,
+            "active": active,
+        },
+    )

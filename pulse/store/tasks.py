@@ -1,0 +1,264 @@
+"""SQL for tasks on the producer/operator side (submit, read, list, cancel, resolve, expire)
+and the attempt/evidence rows those need. Queries live in ``pulse/sql/tasks.sql``.
+
+Rows are dicts with the columns of the ``task_columns`` block. Guarded updates return a
+bool: False means the guard (revision and state) no longer held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from orbit.storage import Queries, Tx, load_queries
+
+_RAW = load_queries(__file__, "tasks")
+Q = Queries({k: v.replace("{cols}", _RAW.task_columns) for k, v in _RAW.items()})
+
+Row = dict[str, Any]
+
+#: Unique index of a task's identity (owner, kind, pipeline_version, dedup_key).
+IDENTITY_INDEX = "uq_pulse_tasks_identity"
+
+
+async def clock_now(tx: Tx, now: datetime | None) -> datetime:
+    """``now`` when given (tests pin the clock), else the database clock."""
+    if now is not None:
+        return now
+    value = await tx.fetchval(Q.clock_now, {"now": None})
+    assert isinstance(value, datetime)
+    return value
+
+
+async def task_get(
+    tx: Tx, namespace_id: bytes, task_id: bytes, *, for_update: bool = False
+) -> Row | None:
+    sql = Q.task_get_for_update if for_update else Q.task_get
+    return await tx.fetchone(sql, {"namespace_id": namespace_id, "id": task_id})
+
+
+async def task_get_many(
+    tx: Tx, namespace_id: bytes, task_ids: Sequence[bytes], *, for_update: bool = False
+) -> dict[bytes, Row]:
+    """Tasks by id (missing ids are absent from the result). ``for_update`` locks them in
+    primary-key order."""
+    if not task_ids:
+        return {}
+    sql = Q.task_get_many_for_update if for_update else Q.task_get_many
+    rows = await tx.fetchall(sql, {"namespace_id": namespace_id, "ids": tuple(task_ids)})
+    return {r["id"]: r for r in rows}
+
+
+async def task_get_by_identity(
+    tx: Tx, namespace_id: bytes, owner_id: bytes, kind: str, pipeline_version: str, dedup_key: str
+) -> Row | None:
+    return await tx.fetchone(
+        Q.task_get_by_identity,
+        {
+            "namespace_id": namespace_id,
+            "owner_id": owner_id,
+            "kind": kind,
+            "pipeline_version": pipeline_version,
+            "dedup_key": dedup_key,
+        },
+    )
+
+
+async def task_find_identities(
+    tx: Tx, namespace_id: bytes, owner_id: bytes, identities: Sequence[tuple[str, str, str]]
+) -> dict[tuple[str, str, str], Row]:
+    """Existing tasks of ``owner_id`` among ``(kind, pipeline_version, dedup_key)`` tuples."""
+    if not identities:
+        return {}
+    rows = await tx.fetchall(
+        Q.task_find_identities,
+        {"namespace_id": namespace_id, "owner_id": owner_id, "identities": tuple(identities)},
+    )
+    return {(r["kind"], r["pipeline_version"], r["dedup_key"]): r for r in rows}
+
+
+async def task_insert_many(tx: Tx, rows: Sequence[Row]) -> None:
+    """Insert tasks with one multi-row INSERT.
+
+    Raises DuplicateKey(:data:`IDENTITY_INDEX`) when any identity exists (nothing inserted).
+    """
+    if rows:
+        await tx.executemany(Q.task_insert, rows)
+
+
+async def task_list(tx: Tx, params: Row) -> list[Row]:
+    """One page of tasks; ``params`` holds the filters (None = any), the keyset position
+    ``after_created_at``/``after_id`` and ``limit``."""
+    return await tx.fetchall(Q.task_list, params)
+
+
+async def task_cancel_candidates(
+    tx: Tx,
+    namespace_id: bytes,
+    owner_id: bytes | None,
+    queue_id: bytes | None,
+    kind: str | None,
+    limit: int,
+) -> list[Row]:
+    """Up to ``limit`` not-yet-cancelled tasks matching the filters (None = any), unlocked:
+    ``id``, ``queue_id``, ``owner_id``. The query is picked by the most selective filter."""
+    if owner_id is not None:
+        sql = Q.task_cancel_candidates_by_owner
+    elif queue_id is not None:
+        sql = Q.task_cancel_candidates_by_queue
+    else:
+        sql = Q.task_cancel_candidates_all
+    return await tx.fetchall(
+        sql,
+        {
+            "namespace_id": namespace_id,
+            "owner_id": owner_id,
+            "queue_id": queue_id,
+            "kind": kind,
+            "limit": limit,
+        },
+    )
+
+
+async def task_cancel_if_unstarted(
+    tx: Tx, namespace_id: bytes, task_id: bytes, revision: int, error: str, now: datetime
+) -> bool:
+    """WAITING/LEASED → CANCELLED. False: revision or state moved on."""
+    n = await tx.execute(
+        Q.task_cancel_if_unstarted,
+        {
+            "namespace_id": namespace_id,
+            "id": task_id,
+            "revision": revision,
+            "error": error,
+            "now": now,
+        },
+    )
+    return n == 1
+
+
+async def task_request_cancel_if_running(
+    tx: Tx, namespace_id: bytes, task_id: bytes, revision: int
+) -> bool:
+    """Set cancel_requested on a RUNNING task. False: not RUNNING, already requested, or the
+    revision moved on."""
+    n = await tx.execute(
+        Q.task_request_cancel_if_running,
+        {"namespace_id": namespace_id, "id": task_id, "revision": revision},
+    )
+    return n == 1
+
+
+async def attempt_release_if_offered(
+    tx: Tx, namespace_id: bytes, attempt_id: bytes, error: str, now: datetime
+) -> bool:
+    """OFFERED → RELEASED. False: the attempt is not OFFERED (started, released, gone)."""
+    n = await tx.execute(
+        Q.attempt_release_if_offered,
+        {"namespace_id": namespace_id, "id": attempt_id, "error": error, "now": now},
+    )
+    return n == 1
+
+
+async def task_resolve_retry_if_review(
+    tx: Tx, namespace_id: bytes, task_id: bytes, revision: int, resolution: str, now: datetime
+) -> bool:
+    """NEEDS_REVIEW → WAITING. False: not NEEDS_REVIEW or the revision moved on."""
+    n = await tx.execute(
+        Q.task_resolve_retry_if_review,
+        {
+            "namespace_id": namespace_id,
+            "id": task_id,
+            "revision": revision,
+            "resolution": resolution,
+            "now": now,
+        },
+    )
+    return n == 1
+
+
+async def task_resolve_finish_if_review(
+    tx: Tx,
+    namespace_id: bytes,
+    task_id: bytes,
+    revision: int,
+    state: str,
+    result: str | None,
+    error: str | None,
+    resolution: str,
+    now: datetime,
+) -> bool:
+    """NEEDS_REVIEW → SUCCEEDED/FAILED. False: not NEEDS_REVIEW or the revision moved on."""
+    n = await tx.execute(
+        Q.task_resolve_finish_if_review,
+        {
+            "namespace_id": namespace_id,
+            "id": task_id,
+            "revision": revision,
+            "state": state,
+            "result": result,
+            "error": error,
+            "resolution": resolution,
+            "now": now,
+        },
+    )
+    return n == 1
+
+
+async def task_expire_candidates(tx: Tx, now: datetime, limit: int) -> list[Row]:
+    """Up to ``limit`` WAITING tasks past their deadline, any namespace, unlocked."""
+    return await tx.fetchall(Q.task_expire_candidates, {"now": now, "limit": limit})
+
+
+async def task_lock_expired_many(
+    tx: Tx, namespace_id: bytes, task_ids: Sequence[bytes], now: datetime
+) -> list[Row]:
+    """Lock (SKIP LOCKED) those of ``task_ids`` still WAITING past their deadline."""
+    if not task_ids:
+        return []
+    return await tx.fetchall(
+        Q.task_lock_expired_many,
+        {"namespace_id": namespace_id, "ids": tuple(task_ids), "now": now},
+    )
+
+
+async def task_fail_deadline_if_waiting(
+    tx: Tx, namespace_id: bytes, task_id: bytes, revision: int, error: str, now: datetime
+) -> bool:
+    """WAITING → FAILED (deadline). False: not WAITING or the revision moved on."""
+    n = await tx.execute(
+        Q.task_fail_deadline_if_waiting,
+        {
+            "namespace_id": namespace_id,
+            "id": task_id,
+            "revision": revision,
+            "error": error,
+            "now": now,
+        },
+    )
+    return n == 1
+
+
+async def attempt_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> list[Row]:
+    return await tx.fetchall(
+        Q.attempt_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
+    )
+
+
+async def attempt_latest_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
+    return await tx.fetchone(
+        Q.attempt_latest_for_task, {"namespace_id": namespace_id, "task_id": task_id}
+    )
+
+
+async def evidence_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> list[Row]:
+    return await tx.fetchall(
+        Q.evidence_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
+    )
+
+
+async def evidence_insert(tx: Tx, row: Row) -> None:
+    """Insert one evidence row (keys: namespace_id, id, attempt_id, task_id, kind, result,
+    data, now)."""
+    await tx.execute(Q.evidence_insert, row)

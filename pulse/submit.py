@@ -1,0 +1,586 @@
+"""Task submission: single and batch, one transaction per request.
+
+Rules (API.md "Tasks", SPEC.md §1–3):
+
+* The owner is the submitting credential's application; identity
+  ``(owner, kind, pipeline_version, dedup_key)`` is unique per namespace when ``dedup_key``
+  is set. Submitting an existing identity returns the existing task (200,
+  ``deduplicated: true``). Concurrent identical submits resolve through the unique index:
+  the loser's INSERT waits for the winner, gets a duplicate key, re-reads and answers the
+  dedup response.
+* Max attempts and the retry policy are frozen from the queue at submit; the payload is
+  stored as the exact bytes sent.
+* Quotas: the queue's (and the owning application's) ``max_unfinished_tasks``. A refused
+  single submit writes nothing (429, ``Retry-After``); in a batch the refused items get 429
+  and the others commit. Usage counters change in the same transaction as the insert.
+* Lock order: application resources → queue usage rows (sorted) → tasks → result stream.
+  The usage rows are locked before the identity lookup, so two identical submits to one
+  queue serialise there and the second one simply finds the first one's task.
+
+:func:`submit_in_tx` is the building block other services (schedules, workflows) call
+inside their own transaction; :func:`submit_batch` / :func:`submit_one` run it with the
+``Idempotency-Key`` handling of :mod:`orbit.idempotency`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+import pymysql
+
+from orbit import audit, idempotency
+from orbit import resources as orbit_resources
+from orbit.audit import Actor
+from orbit.errors import InvalidRequest, OrbitError
+from orbit.http.body import field_of
+from orbit.idempotency import IdemRequest, Reply
+from orbit.ids import id_hex, new_id
+from orbit.storage import Database, DuplicateKey, Tx
+from orbit.storage.errors import CHECK_VIOLATED, error_code
+from orbit.times import parse_time
+from pulse import transitions
+from pulse.errors import QueueNotFound, QueueQuotaExceeded
+from pulse.store import queues as queue_store
+from pulse.store import tasks as store
+from pulse.types import TaskSubmit
+
+#: Retry-After (seconds) of a quota refusal.
+QUOTA_RETRY_AFTER_S = 1
+#: Largest batch (API.md).
+MAX_BATCH = 1000
+
+
+@dataclass
+class ItemResult:
+    """Outcome of one submitted item: 201 created, 200 deduplicated, or an error status."""
+
+    status: int
+    row: dict[str, Any] | None = None
+    error: OrbitError | None = None
+
+    @property
+    def deduplicated(self) -> bool:
+        return self.status == 200
+
+    def wire(self) -> dict[str, Any]:
+        """The item object of the batch response (``{"status", "task"?, "error"?}``)."""
+        out: dict[str, Any] = {"status": self.status}
+        if self.row is not None:
+            out["task"] = task_body(self.row, deduplicated=self.deduplicated)
+        if self.error is not None:
+            out["error"] = error_body(self.error)
+        return out
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A submit response produced inside the transaction (stored for Idempotency-Key
+    replays), plus the queues that got new tasks (to wake the dispatcher after commit)."""
+
+    reply: Reply
+    new_work: frozenset[bytes] = frozenset()
+    #: Items refused by a quota (429) in a batch answer (for the conflicts metric).
+    refused: int = 0
+
+    @property
+    def status(self) -> int:
+        return self.reply.status
+
+    @property
+    def body(self) -> bytes:
+        return self.reply.body
+
+    @property
+    def replayed(self) -> bool:
+        return self.reply.replayed
+
+    def json(self) -> Any:
+        return msgspec.json.decode(self.reply.body)
+
+
+def task_body(row: dict[str, Any], *, deduplicated: bool = False) -> dict[str, Any]:
+    """The task object of a submit response (the task view plus ``deduplicated``)."""
+    view = transitions.task_view(row)
+    view["deduplicated"] = deduplicated
+    return view
+
+
+def error_body(err: OrbitError) -> dict[str, Any]:
+    """``{"code", "message", "details"}`` of an error (the API error object)."""
+    return {"code": err.code, "message": err.message, "details": err.details}
+
+
+def decode_item(raw: bytes | msgspec.Raw) -> TaskSubmit:
+    """Decode one task body; raise InvalidRequest naming the offending field."""
+    try:
+        return msgspec.json.decode(bytes(raw), type=TaskSubmit)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(str(exc), field=field_of(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from exc
+
+
+@dataclass
+class _Prepared:
+    index: int
+    body: TaskSubmit
+    payload: str
+    available_at: datetime | None
+    delay_ms: int
+    deadline_at: datetime | None
+    key_digest: bytes | None
+
+    @property
+    def identity(self) -> tuple[str, str, str] | None:
+        if self.body.dedup_key is None:
+            return None
+        return (self.body.kind, self.body.pipeline_version, self.body.dedup_key)
+
+
+_ONE_RAW = msgspec.json.Decoder(tuple[msgspec.Raw])
+
+
+def check_json_text(value: bytes, field: str) -> str:
+    """The text of one JSON value, validated the way the database's JSON_VALID will judge
+    it: well-formed (control characters and unpaired surrogate escapes rejected by msgspec's
+    parser) and valid UTF-8 (no encoded surrogates). Numbers are *not* range-checked: ``1e400``
+    or a 40-digit integer is valid JSON and is stored verbatim. Raises 400 naming ``field``.
+    """
+    try:
+        (_,) = _ONE_RAW.decode(b"[" + value + b"]")
+        return value.decode("utf-8")
+    except (msgspec.DecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"{field} is not valid JSON: {exc}", field=field) from exc
+
+
+def _no_trailing_space(value: str | None, name: str) -> None:
+    # utf8mb4_bin is a PAD SPACE collation: "a" and "a " would be the same identity.
+    if value is not None and value.endswith(" "):
+        raise InvalidRequest(f"{name} must not end with a space", field=name)
+
+
+def prepare(index: int, body: TaskSubmit) -> _Prepared:
+    """Validate what the wire type cannot (times, payload text, identity spelling)."""
+    payload = bytes(body.payload)
+    text = check_json_text(payload, "payload")
+    for name in ("kind", "pipeline_version", "dedup_key"):
+        _no_trailing_space(getattr(body, name), name)
+    if body.available_at is not None and body.delay_ms is not None:
+        raise InvalidRequest("give delay_ms or available_at, not both", field="available_at")
+    available_at = _time(body.available_at, "available_at")
+    deadline_at = _time(body.deadline_at, "deadline_at")
+    key_digest = (
+        hashlib.sha256(body.concurrency_key.encode("utf-8")).digest()
+        if body.concurrency_key is not None
+        else None
+    )
+    return _Prepared(
+        index=index,
+        body=body,
+        payload=text,
+        available_at=available_at,
+        delay_ms=body.delay_ms or 0,
+        deadline_at=deadline_at,
+        key_digest=key_digest,
+    )
+
+
+def _time(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name}: {exc}", field=name) from exc
+
+
+async def submit_in_tx(
+    tx: Tx,
+    namespace_id: bytes,
+    owner_id: bytes,
+    items: Sequence[TaskSubmit | OrbitError],
+    *,
+    source_kind: str = "api",
+    source_id: bytes | None = None,
+    allowed_queues: frozenset[str] | None = None,
+    request_id: str | None = None,
+    now: datetime | None = None,
+) -> list[ItemResult]:
+    """Submit ``items`` (already-decoded bodies, or the error an item failed to decode with)
+    in the caller's transaction; return one result per item, in order.
+
+    Writes the tasks, their ``task.accepted`` raw events and the usage counters. Quota
+    refusals are counted in ``pulse_queue_usage.denials_quota`` here too. With
+    ``allowed_queues`` (a key limited to some queues) an item for another queue is the same
+    404 as an unknown queue.
+    """
+    results: list[ItemResult | None] = [None] * len(items)
+    prepared: list[_Prepared] = []
+    for i, item in enumerate(items):
+        if isinstance(item, OrbitError):
+            results[i] = ItemResult(item.status, error=item)
+            continue
+        try:
+            prepared.append(prepare(i, item))
+        except OrbitError as err:
+            results[i] = ItemResult(err.status, error=err)
+
+    stamp = await store.clock_now(tx, now)
+
+    # Queues by name (unknown → 404 per item).
+    queues: dict[str, dict[str, Any]] = {}
+    for name in sorted({p.body.queue for p in prepared}):
+        row = await queue_store.queue_get_by_name(tx, namespace_id, name)
+        if row is not None:
+            queues[name] = row
+    live: list[_Prepared] = []
+    for p in prepared:
+        allowed = allowed_queues is None or p.body.queue in allowed_queues
+        if allowed and p.body.queue in queues:
+            live.append(p)
+        else:
+            err = QueueNotFound()
+            results[p.index] = ItemResult(err.status, error=err)
+
+    # Lock order: application resources, then the queues' usage rows (sorted by id).
+    app = await orbit_resources.lock_resources(tx, owner_id) if live else None
+    usage: dict[bytes, dict[str, Any]] = {}
+    for queue_id in sorted({queues[p.body.queue]["id"] for p in live}):
+        row = await queue_store.queue_usage_lock(tx, namespace_id, queue_id)
+        assert row is not None, "every queue has its usage row"
+        usage[queue_id] = row
+
+    # Identity: existing tasks (read after the locks, so a serialised twin is visible),
+    # and twins inside this batch (the later ones get the first one's task).
+    identities = sorted({p.identity for p in live if p.identity is not None})
+    existing = await store.task_find_identities(tx, namespace_id, owner_id, identities)
+    first_of: dict[tuple[str, str, str], _Prepared] = {}
+    twins: list[tuple[_Prepared, _Prepared]] = []
+    fresh: list[_Prepared] = []
+    for p in live:
+        ident = p.identity
+        if ident is not None and ident in existing:
+            results[p.index] = ItemResult(200, row=existing[ident])
+        elif ident is not None and ident in first_of:
+            twins.append((p, first_of[ident]))
+        else:
+            if ident is not None:
+                first_of[ident] = p
+            fresh.append(p)
+
+    # Quotas, in request order.
+    admitted: list[_Prepared] = []
+    per_queue: dict[bytes, int] = {}
+    denied_per_queue: dict[bytes, int] = {}
+    app_used = int(app.unfinished_tasks) if app else 0
+    app_max = app.max_unfinished_tasks if app else None
+    for p in fresh:
+        q = queues[p.body.queue]
+        used = int(usage[q["id"]]["unfinished_tasks"]) + per_queue.get(q["id"], 0)
+        err: OrbitError | None = None
+        if q["max_unfinished_tasks"] is not None and used + 1 > int(q["max_unfinished_tasks"]):
+            err = QueueQuotaExceeded("queue", int(q["max_unfinished_tasks"]), QUOTA_RETRY_AFTER_S)
+            denied_per_queue[q["id"]] = denied_per_queue.get(q["id"], 0) + 1
+        elif app_max is not None and app_used + 1 > int(app_max):
+            err = QueueQuotaExceeded("application", int(app_max), QUOTA_RETRY_AFTER_S)
+        if err is not None:
+            results[p.index] = ItemResult(err.status, error=err)
+            continue
+        per_queue[q["id"]] = per_queue.get(q["id"], 0) + 1
+        app_used += 1
+        admitted.append(p)
+
+    rows = [
+        _row(namespace_id, owner_id, queues[p.body.queue], p, stamp, source_kind, source_id)
+        for p in admitted
+    ]
+    inserted = await _insert(tx, namespace_id, owner_id, admitted, rows, results)
+
+    created_ids = [rows[k]["id"] for k in inserted]
+    fetched = await store.task_get_many(tx, namespace_id, created_ids)
+    counts: dict[bytes, int] = {}
+    for k in inserted:
+        row = fetched[rows[k]["id"]]
+        results[admitted[k].index] = ItemResult(201, row=row)
+        counts[row["queue_id"]] = counts.get(row["queue_id"], 0) + 1
+    for p, first in twins:
+        twin = results[first.index]
+        assert twin is not None
+        results[p.index] = (
+            ItemResult(200, row=twin.row)
+            if twin.row is not None
+            else ItemResult(twin.status, error=twin.error)
+        )
+
+    for queue_id, n in sorted(counts.items()):
+        await transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=n)
+    if counts and app is not None:
+        await queue_store.application_usage_add(tx, owner_id, sum(counts.values()), 0, 0)
+    for queue_id, n in sorted(denied_per_queue.items()):
+        await queue_store.queue_usage_add_quota_denials(tx, namespace_id, queue_id, n)
+
+    await transitions.record_many(
+        tx,
+        namespace_id,
+        [
+            (fetched[rows[k]["id"]], transitions.EVENT_ACCEPTED, {"source": source_kind})
+            for k in inserted
+        ],
+        request_id=request_id,
+        now=stamp,
+    )
+    out = [r for r in results if r is not None]
+    assert len(out) == len(items)
+    return out
+
+
+def _row(
+    namespace_id: bytes,
+    owner_id: bytes,
+    queue: dict[str, Any],
+    p: _Prepared,
+    now: datetime,
+    source_kind: str,
+    source_id: bytes | None,
+) -> dict[str, Any]:
+    b = p.body
+    available = p.available_at or (now + timedelta(milliseconds=p.delay_ms))
+    return {
+        "namespace_id": namespace_id,
+        "id": new_id(),
+        "owner_id": owner_id,
+        "queue_id": queue["id"],
+        "queue_name": queue["name"],
+        "kind": b.kind,
+        "pipeline_version": b.pipeline_version,
+        "dedup_key": b.dedup_key,
+        "payload": p.payload,
+        "priority": b.priority,
+        "available_at": available,
+        "deadline_at": p.deadline_at,
+        "max_attempts": b.max_attempts or int(queue["retry_max_attempts"]),
+        "retry_backoff_initial_ms": int(queue["retry_backoff_initial_ms"]),
+        "retry_backoff_max_ms": int(queue["retry_backoff_max_ms"]),
+        "retry_backoff_multiplier": float(queue["retry_backoff_multiplier"]),
+        "retry_safe": int(b.retry_safe),
+        "concurrency_key": b.concurrency_key,
+        "concurrency_key_digest": p.key_digest,
+        "state": "WAITING",
+        "source_kind": source_kind,
+        "source_id": source_id,
+        "created_at": now,
+    }
+
+
+async def _insert(
+    tx: Tx,
+    namespace_id: bytes,
+    owner_id: bytes,
+    admitted: list[_Prepared],
+    rows: list[dict[str, Any]],
+    results: list[ItemResult | None],
+) -> list[int]:
+    """Insert ``rows``; return the positions actually inserted.
+
+    One multi-row INSERT first. When it fails (an identity committed meanwhile by a
+    concurrent submit to another queue, or a payload the server's JSON_VALID rejects) the
+    statement alone is rolled back and the rows go in one by one, each failure becoming
+    that item's dedup (200) or 400.
+    """
+    if not rows:
+        return []
+    try:
+        await store.task_insert_many(tx, rows)
+        return list(range(len(rows)))
+    except DuplicateKey as exc:
+        if exc.key != store.IDENTITY_INDEX:
+            raise
+    except pymysql.err.OperationalError as exc:
+        if error_code(exc) not in CHECK_VIOLATED:
+            raise
+    inserted: list[int] = []
+    for k, (p, row) in enumerate(zip(admitted, rows, strict=True)):
+        try:
+            await store.task_insert_many(tx, [row])
+            inserted.append(k)
+        except DuplicateKey as exc:
+            if exc.key != store.IDENTITY_INDEX or p.identity is None:
+                raise
+            twin = await store.task_get_by_identity(tx, namespace_id, owner_id, *p.identity)
+            assert twin is not None, "a duplicate identity is committed when we see 1062"
+            results[p.index] = ItemResult(200, row=twin)
+        except pymysql.err.OperationalError as exc:
+            if error_code(exc) not in CHECK_VIOLATED:
+                raise
+            err = InvalidRequest("payload is not valid JSON for the database", field="payload")
+            results[p.index] = ItemResult(err.status, error=err)
+    return inserted
+
+
+OPERATION = "tasks.submit"
+
+
+async def _perform(
+    db: Database,
+    namespace_id: bytes,
+    owner_id: bytes,
+    idem: IdemRequest | None,
+    effect: Callable[[Tx, set[bytes], list[int]], Awaitable[tuple[int, Any]]],
+    retention_s: int,
+) -> Submitted:
+    async def run(tx: Tx) -> Submitted:
+        new_work: set[bytes] = set()
+        refused: list[int] = []
+
+        async def bound(tx: Tx) -> tuple[int, Any]:
+            return await effect(tx, new_work, refused)
+
+        reply = await idempotency.perform(
+            tx, idem, namespace_id, OPERATION, id_hex(owner_id), bound, retention_s=retention_s
+        )
+        return Submitted(reply, frozenset(new_work), sum(refused))
+
+    return await db.transaction(run)
+
+
+async def submit_one(
+    db: Database,
+    namespace_id: bytes,
+    owner_id: bytes,
+    body: TaskSubmit,
+    *,
+    idem: IdemRequest | None = None,
+    actor: Actor | None = None,
+    request_id: str | None = None,
+    retention_s: int = idempotency.DEFAULT_RETENTION_S,
+    now: datetime | None = None,
+) -> Submitted:
+    """Submit one task: 201 with the task, 200 with the existing task (``deduplicated``).
+
+    Raises 400 (invalid), 404 (unknown queue), 429 (quota; nothing is written except the
+    queue's denial counter, in its own transaction). With ``idem`` the response is stored
+    with the effect and replayed for the same key (``Submitted.replayed``).
+    """
+    prepare(0, body)  # 400 before any transaction
+
+    async def effect(tx: Tx, new_work: set[bytes], _refused: list[int]) -> tuple[int, Any]:
+        [res] = await submit_in_tx(
+            tx, namespace_id, owner_id, [body], request_id=request_id, now=now
+        )
+        if res.error is not None:
+            raise res.error  # rolls back everything, the idempotency claim included
+        assert res.row is not None
+        if res.status == 201:
+            new_work.add(res.row["queue_id"])
+            await _audit(tx, actor, namespace_id, res.row["id"], 201, {}, request_id)
+        return res.status, task_body(res.row, deduplicated=res.deduplicated)
+
+    try:
+        return await _perform(db, namespace_id, owner_id, idem, effect, retention_s)
+    except QueueQuotaExceeded as err:
+        if err.scope == "queue":
+            await _count_denial(db, namespace_id, body.queue)
+        raise
+
+
+async def _audit(
+    tx: Tx,
+    actor: Actor | None,
+    namespace_id: bytes,
+    task_id: bytes | None,
+    status: int,
+    details: dict[str, Any],
+    request_id: str | None,
+) -> None:
+    if actor is None:
+        return
+    await audit.record(
+        tx,
+        actor=actor,
+        action=OPERATION,
+        resource_kind="task",
+        resource_id=task_id,
+        status_code=status,
+        namespace_id=namespace_id,
+        request_id=request_id,
+        details=details or None,
+    )
+
+
+async def _count_denial(db: Database, namespace_id: bytes, queue_name: str) -> None:
+    async def run(tx: Tx) -> None:
+        q = await queue_store.queue_get_by_name(tx, namespace_id, queue_name)
+        if q is not None:
+            await queue_store.queue_usage_add_quota_denials(tx, namespace_id, q["id"], 1)
+
+    with contextlib.suppress(Exception):  # a counter must never replace the client's 429
+        await db.transaction(run, retries=2)
+
+
+async def submit_batch(
+    db: Database,
+    namespace_id: bytes,
+    owner_id: bytes,
+    items: Sequence[bytes | msgspec.Raw],
+    *,
+    allowed_queues: frozenset[str] | None = None,
+    idem: IdemRequest | None = None,
+    actor: Actor | None = None,
+    request_id: str | None = None,
+    retention_s: int = idempotency.DEFAULT_RETENTION_S,
+    now: datetime | None = None,
+) -> Submitted:
+    """Submit up to :data:`MAX_BATCH` raw task bodies in one transaction.
+
+    Answers 200 with ``{"items": [{"status", "task"?, "error"?}, ...]}`` in request order;
+    valid items commit together, invalid ones (400/404/429) are reported and skipped.
+    """
+    if len(items) > MAX_BATCH:
+        raise InvalidRequest(f"at most {MAX_BATCH} tasks per batch", field="tasks")
+    decoded: list[TaskSubmit | OrbitError] = []
+    for raw in items:
+        try:
+            decoded.append(decode_item(raw))
+        except OrbitError as err:
+            decoded.append(err)
+
+    async def effect(tx: Tx, new_work: set[bytes], refused: list[int]) -> tuple[int, Any]:
+        results = await submit_in_tx(
+            tx,
+            namespace_id,
+            owner_id,
+            decoded,
+            allowed_queues=allowed_queues,
+            request_id=request_id,
+            now=now,
+        )
+        new_work.update(r.row["queue_id"] for r in results if r.status == 201 and r.row)
+        refused.append(sum(1 for r in results if r.status == 429))
+        created = sum(1 for r in results if r.status == 201)
+        if created:
+            details = {"items": len(results), "created": created}
+            await _audit(tx, actor, namespace_id, None, 200, details, request_id)
+        return 200, {"items": [r.wire() for r in results]}
+
+    return await _perform(db, namespace_id, owner_id, idem, effect, retention_s)
+
+
+__all__ = [
+    "MAX_BATCH",
+    "OPERATION",
+    "ItemResult",
+    "Submitted",
+    "decode_item",
+    "error_body",
+    "prepare",
+    "submit_batch",
+    "submit_in_tx",
+    "submit_one",
+    "task_body",
+]

@@ -1,0 +1,127 @@
+"""The HTTP transport shared by the client groups and the worker's session creation.
+
+One ``httpx.AsyncClient`` per :class:`HttpTransport`; JSON bodies are encoded with msgspec
+(so :class:`msgspec.Raw` payloads go out byte-exact) and every non-2xx answer is raised as
+the :mod:`orbit_sdk.errors` class for its ``code``. No request is retried here: whether a
+retry is safe depends on the call (use ``idempotency_key`` for creating calls).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from ._version import USER_AGENT
+from .errors import OrbitConnectionError, error_from_response
+
+__all__ = ["HttpTransport", "seg"]
+
+T = TypeVar("T")
+logger = logging.getLogger("orbit_sdk.http")
+_ENCODER = msgspec.json.Encoder()
+
+
+def seg(value: str) -> str:
+    """Quote one path segment (names are restricted, but ids and names come from users)."""
+    return quote(value, safe="")
+
+
+class HttpTransport:
+    """Sends authenticated JSON requests to one Orbit server.
+
+    ``token`` is the bearer secret (API key or session token); it is sent only in the
+    ``Authorization`` header and never logged.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"HttpTransport({self.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the underlying client if this transport created it."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        token: str | None = None,
+    ) -> httpx.Response:
+        """Send one request; return the 2xx response or raise the mapped OrbitError.
+
+        ``body`` (when not None) is encoded as JSON with msgspec. ``params`` entries that are
+        None are left out. ``token`` overrides the transport's bearer token for this call.
+        """
+        send_headers = {
+            "Authorization": f"Bearer {token or self._token}",
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+        }
+        content: bytes | None = None
+        if body is not None:
+            content = _ENCODER.encode(body)
+            send_headers["Content-Type"] = "application/json"
+        if headers:
+            send_headers.update(headers)
+        query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
+        url = f"{self.base_url}{path}"
+        try:
+            response = await self._http.request(
+                method, url, content=content, params=query, headers=send_headers
+            )
+        except httpx.TransportError as exc:
+            logger.debug("%s %s failed: %s", method, path, type(exc).__name__)
+            raise OrbitConnectionError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response.status_code, response.content, response.headers)
+        return response
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        type: type[T],
+        *,
+        body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        token: str | None = None,
+    ) -> T:
+        """Like :meth:`request`, and decode the JSON body as ``type``."""
+        response = await self.request(
+            method, path, body=body, params=params, headers=headers, token=token
+        )
+        return decode(response, type)
+
+
+def decode(response: httpx.Response, type: type[T]) -> T:
+    """Decode a response body as ``type`` (an empty body decodes as ``null``)."""
+    return msgspec.json.decode(response.content or b"null", type=type)
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,240 @@
+"""``client.tasks``: submit, read, list, cancel and resolve tasks; read result events."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import msgspec
+from msgspec import UNSET
+
+from ._http import HttpTransport, seg
+from .types import Attempt, BatchItem, CancelAllResult, Event, EventPage, Page, Task, TaskSpec
+
+__all__ = ["TasksAPI"]
+
+T = TypeVar("T")
+
+
+class _BatchResult(msgspec.Struct):
+    items: builtins.list[BatchItem] = msgspec.field(default_factory=builtins.list)
+
+
+def idempotency_headers(key: str | None) -> dict[str, str] | None:
+    """The ``Idempotency-Key`` header for a creating call (None: no header)."""
+    return {"Idempotency-Key": key} if key is not None else None
+
+
+def decode_items(content: bytes, item: type[T]) -> Page[T]:
+    """Decode a list answer: the ``{"items", "next_cursor"}`` page, or a bare JSON array."""
+    if content.lstrip()[:1] == b"[":
+        return Page(items=msgspec.json.decode(content, type=builtins.list[item]))  # type: ignore[valid-type]
+    return msgspec.json.decode(content or b"{}", type=Page[item])  # type: ignore[valid-type]
+
+
+class TasksAPI:
+    """Tasks of the client's namespace (``/v1/namespaces/{ns}/tasks``)."""
+
+    def __init__(self, http: HttpTransport, namespace: Callable[[], str]) -> None:
+        self._http = http
+        self._ns = namespace
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/namespaces/{seg(self._ns())}/tasks{suffix}"
+
+    async def submit(
+        self,
+        queue: str,
+        kind: str,
+        payload: Any = None,
+        *,
+        pipeline_version: str | None = None,
+        dedup_key: str | None = None,
+        priority: int | None = None,
+        delay_ms: int | None = None,
+        available_at: datetime | None = None,
+        deadline_at: datetime | None = None,
+        max_attempts: int | None = None,
+        retry_safe: bool | None = None,
+        concurrency_key: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Task:
+        """Submit one task. Returns the new task, or the existing one with
+        ``deduplicated=True`` when ``(kind, pipeline_version, dedup_key)`` already exists
+        for this owner. Pass ``msgspec.Raw(b"...")`` as ``payload`` to send exact bytes."""
+        spec = TaskSpec(queue=queue, kind=kind, payload=payload)
+        for name, value in (
+            ("pipeline_version", pipeline_version),
+            ("dedup_key", dedup_key),
+            ("priority", priority),
+            ("delay_ms", delay_ms),
+            ("available_at", available_at),
+            ("deadline_at", deadline_at),
+            ("max_attempts", max_attempts),
+            ("retry_safe", retry_safe),
+            ("concurrency_key", concurrency_key),
+        ):
+            if value is not None:
+                setattr(spec, name, value)
+        return await self._http.call(
+            "POST", self._path(), Task, body=spec, headers=idempotency_headers(idempotency_key)
+        )
+
+    async def submit_batch(
+        self,
+        tasks: Sequence[TaskSpec | Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+    ) -> builtins.list[BatchItem]:
+        """Submit up to 1000 tasks in one transaction; one :class:`BatchItem` per task, in
+        order. Valid items commit together; invalid ones carry their ``error``."""
+        result = await self._http.call(
+            "POST",
+            self._path(":batch"),
+            _BatchResult,
+            body={"tasks": builtins.list(tasks)},
+            headers=idempotency_headers(idempotency_key),
+        )
+        return result.items
+
+    async def get(self, task_id: str) -> Task:
+        """The task (404 :class:`~orbit_sdk.errors.NotFound` if absent or not visible)."""
+        return await self._http.call("GET", self._path(f"/{seg(task_id)}"), Task)
+
+    async def list(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+        owner_id: str | None = None,
+        dedup_key: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[Task]:
+        """One page of tasks matching the filters (cursors are bound to their filters)."""
+        params = {
+            "queue": queue,
+            "state": state,
+            "kind": kind,
+            "owner_id": owner_id,
+            "dedup_key": dedup_key,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        response = await self._http.request("GET", self._path(), params=params)
+        return decode_items(response.content, Task)
+
+    async def iter(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+        owner_id: str | None = None,
+        dedup_key: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[Task]:
+        """Every task matching the filters, following ``next_cursor`` page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.list(
+                queue=queue,
+                state=state,
+                kind=kind,
+                owner_id=owner_id,
+                dedup_key=dedup_key,
+                limit=page_size,
+                cursor=cursor,
+            )
+            for task in page.items:
+                yield task
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, task_id: str) -> Task:
+        """Cancel a task: a waiting or leased task is CANCELLED at once; a running one gets
+        ``cancel_requested=True`` and its worker is told to stop. Another terminal state
+        raises :class:`~orbit_sdk.errors.Conflict`."""
+        response = await self._http.request("POST", self._path(f"/{seg(task_id)}/cancel"))
+        task = msgspec.json.decode(response.content, type=Task)
+        if response.status_code == 202 and not task.cancel_requested:
+            task.cancel_requested = True
+        return task
+
+    async def cancel_all(
+        self,
+        *,
+        owner_id: str | None = None,
+        queue: str | None = None,
+        kind: str | None = None,
+    ) -> CancelAllResult:
+        """Cancel every unfinished task matching the filters ("stop everything of this
+        owner" is ``cancel_all(owner_id=...)``)."""
+        body = {
+            k: v
+            for k, v in (("owner_id", owner_id), ("queue", queue), ("kind", kind))
+            if v is not None
+        }
+        return await self._http.call("POST", self._path(":cancel"), CancelAllResult, body=body)
+
+    async def resolve(
+        self,
+        task_id: str,
+        action: str,
+        *,
+        note: str,
+        result: Any = UNSET,
+        error: Mapping[str, Any] | None = None,
+    ) -> Task:
+        """Resolve a NEEDS_REVIEW task: ``action`` is ``"retry"``, ``"succeed"`` (with
+        ``result``) or ``"fail"`` (with ``error``); ``note`` is kept in the audit trail."""
+        body: dict[str, Any] = {"action": action, "note": note}
+        if result is not UNSET:
+            body["result"] = result
+        if error is not None:
+            body["error"] = dict(error)
+        return await self._http.call(
+            "POST", self._path(f"/{seg(task_id)}/resolve"), Task, body=body
+        )
+
+    async def attempts(self, task_id: str) -> builtins.list[Attempt]:
+        """The task's attempts, oldest first, with the server's evidence."""
+        response = await self._http.request("GET", self._path(f"/{seg(task_id)}/attempts"))
+        return decode_items(response.content, Attempt).items
+
+    async def events(
+        self, *, after_seq: int = 0, limit: int | None = None, cursor: str | None = None
+    ) -> EventPage:
+        """Result events of the namespace with ``seq > after_seq`` (or from ``cursor``), in
+        sequence order. Keep polling with ``after_seq=page.next_after_seq``."""
+        params = {"after_seq": None if cursor else after_seq, "limit": limit, "cursor": cursor}
+        response = await self._http.request(
+            "GET", f"/v1/namespaces/{seg(self._ns())}/events", params=params
+        )
+        if response.content.lstrip()[:1] == b"[":
+            items = msgspec.json.decode(response.content, type=builtins.list[Event])
+            return EventPage(items=items, next_after_seq=items[-1].seq if items else after_seq)
+        return msgspec.json.decode(response.content, type=EventPage)
+
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline reads better for producers
+        interval: float = 0.2,
+    ) -> Task:
+        """Poll until the task is terminal or NEEDS_REVIEW; return it.
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds (None: wait forever).
+        """
+        async with asyncio.timeout(timeout):
+            while True:
+                task = await self.get(task_id)
+                if task.is_terminal or task.state == "NEEDS_REVIEW":
+                    return task
+                await asyncio.sleep(interval)

@@ -1,0 +1,151 @@
+"""``SyncOrbitClient``: a blocking facade over :class:`~orbit_sdk.client.OrbitClient`.
+
+For scripts and REPLs. It owns a private event loop (``asyncio.Runner``), so it must not be
+used from inside a running event loop (use ``OrbitClient`` there). Every method has the
+same parameters and return value as its async twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import httpx
+
+from ._admin import AdminAPI
+from ._queues import QueuesAPI
+from ._tasks import TasksAPI
+from .client import OrbitClient
+from .types import Queue, Task
+
+__all__ = ["SyncOrbitClient"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Y = TypeVar("Y")
+
+
+class _SyncGroup:
+    def __init__(self, target: Any, runner: asyncio.Runner) -> None:
+        self._async = target
+        self._runner = runner
+
+    def _iterate(self, agen: AsyncIterator[Y]) -> Iterator[Y]:
+        try:
+            while True:
+                try:
+                    yield self._runner.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            # The runner may already be closed when an abandoned iterator is collected.
+            with contextlib.suppress(RuntimeError):
+                self._runner.run(agen.aclose())  # type: ignore[attr-defined]
+
+
+def _blocking(
+    method: Callable[Concatenate[Any, P], Awaitable[R]],
+) -> Callable[Concatenate[_SyncGroup, P], R]:
+    """Turn an async group method into a blocking one with the same signature."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: _SyncGroup, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._runner.run(getattr(self._async, name)(*args, **kwargs))
+
+    return call
+
+
+class SyncTasks(_SyncGroup):
+    """Blocking ``client.tasks``."""
+
+    submit = _blocking(TasksAPI.submit)
+    submit_batch = _blocking(TasksAPI.submit_batch)
+    get = _blocking(TasksAPI.get)
+    list = _blocking(TasksAPI.list)
+    cancel = _blocking(TasksAPI.cancel)
+    cancel_all = _blocking(TasksAPI.cancel_all)
+    resolve = _blocking(TasksAPI.resolve)
+    attempts = _blocking(TasksAPI.attempts)
+    events = _blocking(TasksAPI.events)
+    wait = _blocking(TasksAPI.wait)
+
+    def iter(self, **filters: Any) -> Iterator[Task]:
+        """Every task matching the filters, page by page (see ``TasksAPI.iter``)."""
+        return self._iterate(self._async.iter(**filters))
+
+
+class SyncQueues(_SyncGroup):
+    """Blocking ``client.queues``."""
+
+    put = _blocking(QueuesAPI.put)
+    get = _blocking(QueuesAPI.get)
+    list = _blocking(QueuesAPI.list)
+    pause = _blocking(QueuesAPI.pause)
+    resume = _blocking(QueuesAPI.resume)
+
+    def iter(self, *, page_size: int | None = None) -> Iterator[Queue]:
+        """Every queue of the namespace."""
+        return self._iterate(self._async.iter(page_size=page_size))
+
+
+class SyncAdmin(_SyncGroup):
+    """Blocking ``client.admin``."""
+
+    create_application = _blocking(AdminAPI.create_application)
+    create_namespace = _blocking(AdminAPI.create_namespace)
+    create_credential = _blocking(AdminAPI.create_credential)
+    revoke_credential = _blocking(AdminAPI.revoke_credential)
+    get_resources = _blocking(AdminAPI.get_resources)
+    put_resources = _blocking(AdminAPI.put_resources)
+
+
+class SyncOrbitClient:
+    """Blocking client: ``with SyncOrbitClient(url, key, namespace="ns") as orbit: ...``."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        namespace: str | None = None,
+        timeout: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._runner = asyncio.Runner()
+        self._client = OrbitClient(
+            base_url, api_key, namespace=namespace, timeout=timeout, http=http
+        )
+        self.tasks = SyncTasks(self._client.tasks, self._runner)
+        self.queues = SyncQueues(self._client.queues, self._runner)
+        self.admin = SyncAdmin(self._client.admin, self._runner)
+
+    def __repr__(self) -> str:
+        return f"SyncOrbitClient({self._client.base_url!r}, namespace={self._client.namespace!r})"
+
+    @property
+    def async_client(self) -> OrbitClient:
+        """The wrapped async client (only usable through this object's loop)."""
+        return self._client
+
+    def close(self) -> None:
+        """Close the connection pool and the private event loop."""
+        try:
+            self._runner.run(self._client.aclose())
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> SyncOrbitClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,198 @@
+"""Hostile HTTP input against a real ``orbit-server``: every operation of ``/openapi.json``.
+
+Expected behaviour, for every request a fuzzer can make with a valid key:
+
+* never a 5xx other than ``503 not_ready`` (which must carry ``Retry-After``);
+* every error is ``{"error": {"code", "message", "details"}}`` with a snake_case code;
+* a rejected request (4xx) changes no row of any Orbit table (row counts and revision sums
+  of every table compared before/after), except the audit log, which records denials and
+  conflicts by design.
+
+Two generators: schemathesis (schema-aware, positive and negative cases) when it is
+installed, and a small Hypothesis generator over the OpenAPI document (random JSON bodies,
+query strings and path segments) that always runs. Bounded by ``ORBIT_FUZZ_EXAMPLES``
+(examples per operation; default 12 for schemathesis, 6 for the raw generator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from urllib.parse import quote
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from conftest import record_figures
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from reliability_support import (
+    CliTenant,
+    Fingerprint,
+    OrbitServer,
+    diff,
+    error_body_problem,
+)
+
+from orbit.storage import DSN
+
+pytestmark = pytest.mark.process
+
+EXAMPLES = int(os.environ.get("ORBIT_FUZZ_EXAMPLES", "12"))
+RAW_EXAMPLES = max(2, EXAMPLES // 2)
+#: Tables a rejected request may legitimately write (denials and conflicts are audited).
+REJECTION_MAY_WRITE = ("orbit_audit_events",)
+
+
+@dataclass
+class FuzzLog:
+    requests: int = 0
+    rejected: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def check(self, method: str, path: str, status: int, body: bytes, ctype: str | None,
+              headers: Any, before: dict[str, Any], after: dict[str, Any]) -> None:  # fmt: skip
+        self.requests += 1
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        where = f"{method.upper()} {path} -> {status}"
+        if status >= 500 and not (status == 503 and headers.get("retry-after")):
+            self.problems.append(f"{where}: server error {body[:300]!r}")
+        problem = error_body_problem(status, body, ctype)
+        if problem:
+            self.problems.append(f"{where}: malformed error body ({problem}) {body[:200]!r}")
+        if 400 <= status < 500:
+            self.rejected += 1
+            changed = diff(before, after)
+            if changed:
+                self.problems.append(f"{where}: rejected but changed {changed} {body[:200]!r}")
+
+
+def _fixed_params(t: CliTenant) -> dict[str, str]:
+    """Path parameters pinned to the fuzz tenant so requests reach validation, not the 404
+    of an unknown namespace (the cross-tenant probe covers foreign names and ids)."""
+    return {"ns": t.namespace, "app_id": t.application_id}
+
+
+def test_schemathesis_every_operation(server: OrbitServer, fuzz_tenant: CliTenant,
+                                      dsn: DSN) -> None:  # fmt: skip
+    schemathesis = pytest.importorskip("schemathesis")
+    from schemathesis import GenerationMode
+
+    doc = httpx.get(server.url + "/openapi.json").json()
+    schema = schemathesis.openapi.from_dict(doc)
+    fp = Fingerprint(dsn, exclude=REJECTION_MAY_WRITE)
+    log = FuzzLog()
+    started = time.monotonic()
+    operations = 0
+    try:
+        for result in schema.get_all_operations():
+            op = result.ok()
+            pinned = {k: v for k, v in _fixed_params(fuzz_tenant).items()
+                      if any(p.name == k for p in op.path_parameters)}  # fmt: skip
+            strategies = []
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                try:
+                    strategies.append(op.as_strategy(mode, path_parameters=pinned))
+                except Exception:  # noqa: BLE001 - nothing to negate for this operation
+                    continue
+            operations += 1
+
+            @settings(max_examples=EXAMPLES, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck), phases=[Phase.generate])  # fmt: skip
+            @given(case=st.one_of(*strategies))
+            def run(case: Any) -> None:
+                headers = {**(case.headers or {}), **fuzz_tenant.auth}
+                before = fp.take()
+                r = case.call(base_url=server.url, headers=headers, timeout=30)
+                after = fp.take()
+                log.check(case.method, case.formatted_path, r.status_code, r.content,
+                          r.headers.get("content-type"), r.headers, before, after)  # fmt: skip
+
+            run()
+    finally:
+        fp.close()
+    record_figures("hostile_http_schemathesis", operations=operations, requests=log.requests,
+                   rejected=log.rejected, by_status=log.by_status, anomalies=len(log.problems),
+                   seconds=round(time.monotonic() - started, 1))  # fmt: skip
+    assert server.alive()
+    assert not log.problems, "\n".join(log.problems[:30])
+    assert operations == sum(len(v) for v in doc["paths"].values())
+
+
+# --- a schema-blind generator over the same document (no extra dependency) -------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+SEGMENTS = st.one_of(
+    st.text(min_size=1, max_size=70),
+    st.sampled_from(["0" * 32, "f" * 32, "..", "%2e%2e", "a" * 300, "-1", "null", "%00", "ü"]),
+)
+
+
+def _body_for(op: dict[str, Any]) -> st.SearchStrategy[bytes | None]:
+    raw_json = JSON_VALUES.map(lambda v: json.dumps(v).encode())
+    garbage = st.binary(max_size=200)
+    deep = st.integers(30, 200).map(lambda n: ("[" * n + "]" * n).encode())
+    if "requestBody" in op:
+        return st.one_of(raw_json, garbage, deep, st.none())
+    return st.one_of(st.none(), raw_json)
+
+
+def test_schema_blind_fuzz_every_operation(server: OrbitServer, fuzz_tenant: CliTenant,
+                                           dsn: DSN) -> None:  # fmt: skip
+    """Random JSON, bytes, over-deep arrays, odd path segments and query strings on every
+    operation of the document: the same three expectations as above."""
+    doc = httpx.get(server.url + "/openapi.json").json()
+    fp = Fingerprint(dsn, exclude=REJECTION_MAY_WRITE)
+    log = FuzzLog()
+    fixed = _fixed_params(fuzz_tenant)
+    client = httpx.Client(base_url=server.url, timeout=30)
+    try:
+        for path, ops in doc["paths"].items():
+            for method, op in ops.items():
+                names = [p["name"] for p in op.get("parameters", []) if p.get("in") == "path"]
+                query_names = [p["name"] for p in op.get("parameters", []) if p.get("in") == "query"]
+                seg = st.fixed_dictionaries({n: SEGMENTS for n in names})
+                qs = st.dictionaries(st.sampled_from(query_names or ["x"]),
+                                     st.text(max_size=30), max_size=3)  # fmt: skip
+                pin = st.booleans()
+
+                def run_one(segments: dict[str, str], query: dict[str, str], body: bytes | None,
+                            pin_ns: bool, _path: str = path, _method: str = method) -> None:  # fmt: skip
+                    values = {**segments, **({k: v for k, v in fixed.items() if k in segments} if pin_ns else {})}
+                    url = _path
+                    for n, v in values.items():
+                        url = url.replace("{" + n + "}", quote(v, safe="") or "x")
+                    headers = dict(fuzz_tenant.auth)
+                    if body is not None:
+                        headers["content-type"] = "application/json"
+                    before = fp.take()
+                    try:
+                        r = client.request(_method, url, params=query, content=body, headers=headers)
+                    except httpx.InvalidURL:
+                        return
+                    after = fp.take()
+                    log.check(_method, url, r.status_code, r.content, r.headers.get("content-type"),
+                              r.headers, before, after)  # fmt: skip
+
+                runner: Callable[..., None] = settings(
+                    max_examples=RAW_EXAMPLES, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck), phases=[Phase.generate],
+                )(given(seg, qs, _body_for(op), pin)(run_one))  # fmt: skip
+                runner()
+    finally:
+        client.close()
+        fp.close()
+    record_figures("hostile_http_raw", requests=log.requests, rejected=log.rejected,
+                   by_status=log.by_status, anomalies=len(log.problems))  # fmt: skip
+    assert server.alive()
+    assert not log.problems, "\n".join(log.problems[:30])
+    assert log.requests >= RAW_EXAMPLES * 10
