@@ -1,5 +1,6 @@
-"""Orbit Python SDK: producer/admin client (:class:`OrbitClient`, :class:`SyncOrbitClient`)
-and task worker (:class:`Worker`).
+"""Orbit Python SDK: producer/admin client (:class:`OrbitClient`, :class:`SyncOrbitClient`:
+tasks, queues, schedules, workflows and instances, subscriptions, events, administration),
+task worker (:class:`Worker`) and result subscriber (:class:`Subscriber`).
 
 Logging goes to ``logging.getLogger("orbit_sdk")`` (children ``orbit_sdk.worker``,
 ``orbit_sdk.connection``, ``orbit_sdk.http``, ``orbit_sdk.websockets``); API keys, session
@@ -29,9 +30,21 @@ from .errors import (
     QuotaExceeded,
     RateLimited,
     RetryableError,
+    StaleProof,
     StaleToken,
     TaskError,
     Unauthenticated,
+)
+from .schedule_types import Occurrence, OccurrenceOutcome, Schedule, ScheduleTask, ScheduleTaskSpec
+from .subscriber import Delivery, Subscriber, SubscriberStats, SyncDelivery, SyncSubscriber
+from .subscription_types import (
+    AckResult,
+    Backlog,
+    DeliveryInfo,
+    DeliveryState,
+    PulledDelivery,
+    Subscription,
+    SubscriptionFilter,
 )
 from .sync import SyncOrbitClient
 from .types import (
@@ -51,25 +64,50 @@ from .types import (
     TaskState,
 )
 from .worker import Worker, WorkerStats
+from .workflow_types import (
+    History,
+    HistoryEntry,
+    HistorySignal,
+    Instance,
+    InstanceState,
+    Signal,
+    Step,
+    Transition,
+    WorkflowInfo,
+    WorkflowSummary,
+    WorkflowVersion,
+)
 
 __all__ = [
+    "AckResult",
     "Application",
     "Attempt",
+    "Backlog",
     "Backoff",
     "BatchItem",
     "CancelAllResult",
     "Conflict",
     "CreatedCredential",
+    "Delivery",
+    "DeliveryInfo",
+    "DeliveryState",
     "EffectUncertain",
     "Event",
     "EventPage",
     "Forbidden",
+    "History",
+    "HistoryEntry",
+    "HistorySignal",
     "IdempotencyInProgress",
     "IdempotencyMismatch",
+    "Instance",
+    "InstanceState",
     "InvalidRequest",
     "Namespace",
     "NotFound",
     "NotReady",
+    "Occurrence",
+    "OccurrenceOutcome",
     "OrbitClient",
     "OrbitConnectionError",
     "OrbitError",
@@ -78,23 +116,37 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PreconditionFailed",
+    "PulledDelivery",
     "Queue",
     "QuotaExceeded",
     "RateLimited",
     "RetryPolicy",
     "RetryableError",
+    "Schedule",
+    "ScheduleTask",
+    "ScheduleTaskSpec",
+    "Signal",
+    "StaleProof",
     "StaleToken",
+    "Step",
+    "Subscriber",
+    "SubscriberStats",
+    "Subscription",
+    "SubscriptionFilter",
+    "SyncDelivery",
     "SyncOrbitClient",
+    "SyncSubscriber",
     "Task",
     "TaskContext",
     "TaskError",
     "TaskSpec",
     "TaskState",
+    "Transition",
     "Unauthenticated",
     "Worker",
     "WorkerStats",
+    "WorkflowInfo",
+    "WorkflowSummary",
+    "WorkflowVersion",
     "__version__",
 ]
-from .subscriber import Delivery, Subscriber, SubscriberStats, SyncDelivery, SyncSubscriber
-
-__all__ += ["Delivery", "Subscriber", "SubscriberStats", "SyncDelivery", "SyncSubscriber"]

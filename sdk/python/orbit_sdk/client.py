@@ -4,7 +4,8 @@
         task = await orbit.tasks.submit("emails", "send_welcome", {"user": 42})
         done = await orbit.tasks.wait(task.id, timeout=30)
 
-Calls are grouped: ``orbit.tasks``, ``orbit.queues`` (namespaced) and ``orbit.admin``.
+Calls are grouped: ``orbit.tasks``, ``orbit.queues``, ``orbit.schedules``, ``orbit.workflows``,
+``orbit.instances``, ``orbit.subscriptions``, ``orbit.events`` (namespaced) and ``orbit.admin``.
 ``base_url``/``api_key``/``namespace`` default to ``ORBIT_URL``/``ORBIT_KEY``/
 ``ORBIT_NAMESPACE``.
 """
@@ -19,7 +20,10 @@ import httpx
 from ._admin import AdminAPI
 from ._http import HttpTransport
 from ._queues import QueuesAPI
+from ._schedules import SchedulesAPI
+from ._subscriptions import EventsAPI, SubscriptionsAPI
 from ._tasks import TasksAPI
+from ._workflows import InstancesAPI, WorkflowsAPI
 
 __all__ = ["OrbitClient"]
 
@@ -59,6 +63,16 @@ class OrbitClient:
         """Tasks and result events of the client's namespace."""
         self.queues = QueuesAPI(self._http, self._require_namespace)
         """Queues and their gates in the client's namespace."""
+        self.schedules = SchedulesAPI(self._http, self._require_namespace)
+        """Schedules (immutable versions, pause/resume, occurrences) in the namespace."""
+        self.workflows = WorkflowsAPI(self._http, self._require_namespace)
+        """Workflow definitions and their versions in the namespace."""
+        self.instances = InstancesAPI(self._http, self._require_namespace)
+        """Workflow instances: start, read, history, signals, pause/resume/cancel."""
+        self.subscriptions = SubscriptionsAPI(self._http, self._require_namespace)
+        """Subscriptions and deliveries (HTTP pull, ack, nack, history, budget)."""
+        self.events = EventsAPI(self._http, self._require_namespace)
+        """The namespace's result events by sequence."""
         self.admin = AdminAPI(self._http)
         """Applications, namespaces, credentials, quotas."""
 
@@ -72,7 +86,7 @@ class OrbitClient:
 
     @property
     def namespace(self) -> str | None:
-        """The namespace that ``tasks`` and ``queues`` act on."""
+        """The namespace that every group except ``admin`` acts on."""
         return self._namespace
 
     def with_namespace(self, namespace: str) -> OrbitClient:

@@ -10,6 +10,7 @@ frames) are mapped from their stable ``code`` to one class each::
      ├── NotFound                   404 not_found
      ├── Conflict                   409 conflict
      │    ├── StaleToken            409 stale_token           (execution token stale or wrong)
+     │    ├── StaleProof            409 stale_proof           (delivery proof stale or wrong)
      │    └── IdempotencyInProgress 409 idempotency_in_progress
      ├── PreconditionFailed         412 precondition_failed   (If-Match / If-None-Match)
      ├── PayloadTooLarge            413 payload_too_large
@@ -56,6 +57,7 @@ __all__ = [
     "QuotaExceeded",
     "RateLimited",
     "RetryableError",
+    "StaleProof",
     "StaleToken",
     "TaskError",
     "Unauthenticated",
@@ -140,6 +142,13 @@ class StaleToken(Conflict):
     code = "stale_token"
 
 
+class StaleProof(Conflict):
+    """409: the delivery proof is wrong, or a newer hand-out replaced it (the delivery comes
+    again with a new proof)."""
+
+    code = "stale_proof"
+
+
 class IdempotencyInProgress(Conflict):
     """409: another request with the same Idempotency-Key is still being processed."""
 
@@ -220,6 +229,7 @@ _BY_CODE: dict[str, type[OrbitError]] = {
         NotFound,
         Conflict,
         StaleToken,
+        StaleProof,
         IdempotencyInProgress,
         PreconditionFailed,
         PayloadTooLarge,

@@ -18,9 +18,15 @@ import httpx
 
 from ._admin import AdminAPI
 from ._queues import QueuesAPI
+from ._schedules import SchedulesAPI
+from ._subscriptions import EventsAPI, SubscriptionsAPI
 from ._tasks import TasksAPI
+from ._workflows import InstancesAPI, WorkflowsAPI
 from .client import OrbitClient
-from .types import Queue, Task
+from .schedule_types import Occurrence, Schedule
+from .subscription_types import DeliveryInfo
+from .types import Event, Queue, Task
+from .workflow_types import HistoryEntry, Instance, WorkflowSummary, WorkflowVersion
 
 __all__ = ["SyncOrbitClient"]
 
@@ -93,6 +99,111 @@ class SyncQueues(_SyncGroup):
         return self._iterate(self._async.iter(page_size=page_size))
 
 
+class SyncSchedules(_SyncGroup):
+    """Blocking ``client.schedules``."""
+
+    put = _blocking(SchedulesAPI.put)
+    get = _blocking(SchedulesAPI.get)
+    list = _blocking(SchedulesAPI.list)
+    pause = _blocking(SchedulesAPI.pause)
+    resume = _blocking(SchedulesAPI.resume)
+    occurrences = _blocking(SchedulesAPI.occurrences)
+
+    def iter(self, *, page_size: int | None = None) -> Iterator[Schedule]:
+        """Every schedule of the namespace."""
+        return self._iterate(self._async.iter(page_size=page_size))
+
+    def iter_occurrences(
+        self, name: str, *, outcome: str | None = None, page_size: int | None = None
+    ) -> Iterator[Occurrence]:
+        """Every occurrence of the schedule, newest first."""
+        return self._iterate(
+            self._async.iter_occurrences(name, outcome=outcome, page_size=page_size)
+        )
+
+
+class SyncWorkflows(_SyncGroup):
+    """Blocking ``client.workflows``."""
+
+    publish = _blocking(WorkflowsAPI.publish)
+    get = _blocking(WorkflowsAPI.get)
+    version = _blocking(WorkflowsAPI.version)
+    list = _blocking(WorkflowsAPI.list)
+
+    def iter(self, *, page_size: int | None = None) -> Iterator[WorkflowSummary]:
+        """Every workflow of the namespace."""
+        return self._iterate(self._async.iter(page_size=page_size))
+
+    def iter_versions(
+        self, name: str, *, page_size: int | None = None
+    ) -> Iterator[WorkflowVersion]:
+        """Every version of the workflow, newest first."""
+        return self._iterate(self._async.iter_versions(name, page_size=page_size))
+
+
+class SyncInstances(_SyncGroup):
+    """Blocking ``client.instances``."""
+
+    start = _blocking(InstancesAPI.start)
+    get = _blocking(InstancesAPI.get)
+    list = _blocking(InstancesAPI.list)
+    history = _blocking(InstancesAPI.history)
+    signal = _blocking(InstancesAPI.signal)
+    pause = _blocking(InstancesAPI.pause)
+    resume = _blocking(InstancesAPI.resume)
+    cancel = _blocking(InstancesAPI.cancel)
+    wait = _blocking(InstancesAPI.wait)
+
+    def iter(self, **filters: Any) -> Iterator[Instance]:
+        """Every instance matching ``workflow=`` / ``state=``, newest first."""
+        return self._iterate(self._async.iter(**filters))
+
+    def iter_history(
+        self, instance_id: str, *, page_size: int | None = None
+    ) -> Iterator[HistoryEntry]:
+        """Every history entry of the instance, in ``seq`` order."""
+        return self._iterate(self._async.iter_history(instance_id, page_size=page_size))
+
+
+class SyncSubscriptions(_SyncGroup):
+    """Blocking ``client.subscriptions``."""
+
+    put = _blocking(SubscriptionsAPI.put)
+    get = _blocking(SubscriptionsAPI.get)
+    pull = _blocking(SubscriptionsAPI.pull)
+    ack = _blocking(SubscriptionsAPI.ack)
+    nack = _blocking(SubscriptionsAPI.nack)
+    deliveries = _blocking(SubscriptionsAPI.deliveries)
+    add_budget = _blocking(SubscriptionsAPI.add_budget)
+
+    def iter_deliveries(
+        self, name: str, *, state: str | None = None, page_size: int | None = None
+    ) -> Iterator[DeliveryInfo]:
+        """Every delivery of the subscription, in sequence order."""
+        return self._iterate(self._async.iter_deliveries(name, state=state, page_size=page_size))
+
+
+class SyncEvents(_SyncGroup):
+    """Blocking ``client.events``."""
+
+    list = _blocking(EventsAPI.list)
+
+    def iter(
+        self,
+        *,
+        after_seq: int = 0,
+        page_size: int | None = None,
+        follow: bool = False,
+        interval: float = 1.0,
+    ) -> Iterator[Event]:
+        """Every event after ``after_seq`` (with ``follow``: keep polling for new ones)."""
+        return self._iterate(
+            self._async.iter(
+                after_seq=after_seq, page_size=page_size, follow=follow, interval=interval
+            )
+        )
+
+
 class SyncAdmin(_SyncGroup):
     """Blocking ``client.admin``."""
 
@@ -122,6 +233,11 @@ class SyncOrbitClient:
         )
         self.tasks = SyncTasks(self._client.tasks, self._runner)
         self.queues = SyncQueues(self._client.queues, self._runner)
+        self.schedules = SyncSchedules(self._client.schedules, self._runner)
+        self.workflows = SyncWorkflows(self._client.workflows, self._runner)
+        self.instances = SyncInstances(self._client.instances, self._runner)
+        self.subscriptions = SyncSubscriptions(self._client.subscriptions, self._runner)
+        self.events = SyncEvents(self._client.events, self._runner)
         self.admin = SyncAdmin(self._client.admin, self._runner)
 
     def __repr__(self) -> str:
