@@ -149,9 +149,9 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self, timeout: float = 60.0) -> None:
+    async def start(self, limit_s: float = 60.0) -> None:
         env = {**os.environ, **self.env}
-        log = open(self.log_path or os.devnull, "ab")  # noqa: SIM115 - kept for the process
+        log = open(self.log_path or os.devnull, "ab")  # noqa: SIM115, ASYNC230 - for the child
         if self.tree is not None:
             paths = [str(self.tree), str(self.tree / "cmd"), str(self.tree / "sdk" / "python")]
             boot = (
@@ -161,7 +161,7 @@ class Server:
             cmd = [sys.executable, "-c", boot]
         else:
             cmd = [_tool("orbit-server")]
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
             [
                 *cmd,
                 "--dsn",
@@ -176,7 +176,7 @@ class Server:
             stdout=log,
             stderr=log,
         )
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit_s
         async with httpx.AsyncClient() as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:

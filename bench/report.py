@@ -56,7 +56,7 @@ def ratios(raw: dict[str, Any]) -> dict[str, float | None]:
     s4 = _get(raw, "s4", "levels") or {}
     rss = [
         _get(raw, "s4", "server_rss_mb_at_1m"),
-        _get(raw, "s6", "rss_mb_now"),
+        _get(raw, "s6", "rss_mb_with_sessions"),
     ]
     rss_values = [r for r in rss if isinstance(r, int | float)]
     return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import secrets
 import statistics
@@ -117,12 +118,12 @@ class Results:
         except BaseException as exc:  # pragma: no cover - reported in the figures
             self.error = exc
 
-    async def wait_for(self, task_id: str, timeout: float) -> float:
+    async def wait_for(self, task_id: str, limit_s: float) -> float:
         if task_id in self.arrived:
             return self.arrived[task_id]
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiters[task_id] = fut
-        return await asyncio.wait_for(fut, timeout)
+        return await asyncio.wait_for(fut, limit_s)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -164,7 +165,9 @@ class S1Config:
     single_clients: int = 4
     #: Producers pause while this many submitted tasks have no result yet (keeps the system
     #: saturated without an unbounded backlog; latency at saturation follows from it).
-    max_outstanding: int = 3000
+    max_outstanding: int = 1000
+    #: After the window, how long to let the outstanding tail finish before stopping.
+    drain_s: float = 60.0
     queue: str = field(default_factory=lambda: f"s1-{secrets.token_hex(3)}")
     #: Record the server with py-spy during the window into this stem (.svg flame graph and
     #: .txt of collapsed stacks), when py-spy is available.
@@ -241,6 +244,8 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         s0 = server.sample()
         pids = sample_pids() if sample_pids else workers.pids()
         w0 = [proc_sample(p) for p in pids]
+        m0 = [proc_sample(p) for p in _mariadb_pids()]
+        d0 = _self_cpu()
         spy = _start_profile(server, cfg)
         await asyncio.sleep(cfg.seconds)
         w_end = time.time()
@@ -248,12 +253,14 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         done1 = await count_state(db, t.namespace, queue, "SUCCEEDED")
         s1_ = server.sample()
         w1 = [proc_sample(p) for p in pids]
+        m1 = [proc_sample(p) for p in _mariadb_pids()]
+        d1 = _self_cpu()
         metrics = await _scrape(client, server, "pulse_group_commit")
         stop.set()
         await asyncio.gather(*producers, return_exceptions=True)
         # Let the tail finish (bounded) so the next scenario starts clean.
-        deadline = time.monotonic() + 60
-        while outstanding() > 0 and time.monotonic() < deadline:
+        deadline = time.monotonic() + cfg.drain_s
+        while outstanding() > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - a poll
             await asyncio.sleep(0.1)
         tails = await workers.stop()
         await results.stop()
@@ -275,8 +282,14 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         "server_cpu_s_per_1000": round((s1_.cpu_s - s0.cpu_s) / max(completed, 1) * 1000, 3),
         "server_cpu_util": round((s1_.cpu_s - s0.cpu_s) / window, 3),
         "server_rss_mb": round(s1_.rss_kb / 1024, 1),
-        "workers_cpu_util": round(sum(b.cpu_s - a.cpu_s for a, b in zip(w0, w1, strict=True))
-                                  / window, 3),  # fmt: skip
+        "workers_cpu_util": round(
+            sum(b.cpu_s - a.cpu_s for a, b in zip(w0, w1, strict=True)) / window, 3
+        ),
+        "mariadb_cpu_util": round(
+            sum(b.cpu_s - a.cpu_s for a, b in zip(m0, m1, strict=False)) / window, 3
+        ),
+        "driver_cpu_util": round((d1 - d0) / window, 3),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
         "left_outstanding": outstanding(),
         "group_commit": metrics,
         "profile": profile,
@@ -285,6 +298,16 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         "subscriber_error": repr(results.error) if results.error else None,
         "worker_stderr_tail": [x[-500:] for x in tails if x.strip()][:2],
     }
+
+
+def _mariadb_pids() -> list[int]:
+    out = subprocess.run(["pidof", "mariadbd", "mysqld"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _self_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 async def _scrape(client: httpx.AsyncClient, server: Server, prefix: str) -> dict[str, float]:
@@ -461,6 +484,7 @@ async def add_backlog(db: ScratchDatabase, t: Tenant, queue: str, n: int) -> flo
     INSERT … SELECT from a template task, 50k rows per statement); counters kept equal to the
     rows. Returns the seconds it took."""
     async with httpx.AsyncClient(timeout=30.0) as client:
+        await put_queue(client, t, queue)  # idempotent (200 when it exists)
         body = _ENC.encode({"queue": queue, "kind": "backlog", "payload": {"b": 1},
                             "delay_ms": 86_400_000})  # fmt: skip
         r = await client.post(f"{t.base()}/tasks", headers=t.headers, content=body)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import msgspec
@@ -50,7 +51,11 @@ KEY_INDEX = "uq_orbit_idempotency_keys_key"
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 128
 
-_SORTED = msgspec.json.Encoder(order="sorted")
+_SORTED = msgspec.json.Encoder(order="sorted", decimal_format="number")
+#: Numbers are decoded as written (Decimal, arbitrary-precision int): two bodies whose numbers
+#: differ only beyond double precision (``0.30000000000000001`` vs ``0.3``) are different
+#: requests, since business JSON is stored byte for byte.
+_CANONICAL = msgspec.json.Decoder(float_hook=Decimal)
 
 
 class Replay(NamedTuple):
@@ -70,7 +75,8 @@ def validate_key(key: str) -> str:
 
 
 def canonical_json(body: bytes) -> bytes:
-    """The canonical form of a JSON body: keys sorted, no whitespace, numbers re-encoded.
+    """The canonical form of a JSON body: keys sorted, no whitespace, numbers kept as written
+    (never rounded through a float, so different numbers never share a digest).
 
     An empty body is ``b""``; a body that is not JSON is used as is (it will be rejected
     with 400 anyway, and its digest must still be stable).
@@ -78,7 +84,7 @@ def canonical_json(body: bytes) -> bytes:
     if not body.strip():
         return b""
     try:
-        return _SORTED.encode(msgspec.json.decode(body))
+        return _SORTED.encode(_CANONICAL.decode(body))
     except (msgspec.DecodeError, RecursionError):
         return body
 

@@ -25,7 +25,7 @@ def parse_limit(raw: str | None, default: int = DEFAULT_LIMIT, maximum: int = MA
     """The ``limit`` query parameter: 1..maximum, else 400 naming ``limit``."""
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
         raise InvalidRequest(f"limit must be an integer from 1 to {maximum}", field="limit")
     return int(raw)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from orbit.errors import Conflict, StaleToken
+from orbit.errors import Conflict, InvalidRequest, StaleToken
 from orbit.ids import digest, digest_matches, id_hex, new_id, new_secret, parse_id
 from orbit.storage import Database, Tx
 from orbit.store.events import clock_now
@@ -560,9 +560,15 @@ async def start_many(
                 await transitions.adjust_usage(
                     tx, namespace_id, queue_id, reservations=-n, active=n, owner_id=owner_id
                 )
-            after = await store.task_get_many(tx, namespace_id, [g[1]["id"] for g in granted])
             for idx, task, attempt, token, lease, concurrency_token in granted:
                 generation = int(attempt["generation"])
+                # The row as task_start_if_leased left it (computed, not re-read: every
+                # column it sets is known here, and the row is locked).
+                after = {
+                    **task, "state": "RUNNING", "attempts": generation, "started_at": t,
+                    "lease_expires_at": lease, "state_version": int(task["state_version"]) + 1,
+                    "state_changed_at": t, "revision": int(task["revision"]) + 1,
+                }  # fmt: skip
                 out[idx] = wire.Started(
                     ref_msg_id=None,
                     attempt_id=id_hex(attempt["id"]),
@@ -572,7 +578,7 @@ async def start_many(
                     lease_expires_at=format_time(lease),
                 )
                 data = {"session_id": id_hex(items[idx][0]), "generation": generation}
-                changes.append((after[task["id"]], transitions.EVENT_STARTED, data))
+                changes.append((after, transitions.EVENT_STARTED, data))
         await transitions.record_many(tx, namespace_id, changes, now=t)
         return out, deferred
 
@@ -676,6 +682,10 @@ async def heartbeat(
         views = await store.attempt_heartbeat_view(tx, namespace_id, wanted)
         answers: dict[bytes, wire.HeartbeatAttempt] = {}
         cancels: list[str] = []
+        # Running attempts to extend: (attempt id, view, new lease, cancel flag). Their
+        # guarded UPDATEs (task, then attempt, in attempt-id order) go in one round trip.
+        extend: list[tuple[bytes, Row, datetime, bool]] = []
+        statements: list[tuple[str, Any]] = []
         for raw in wanted:
             v = views.get(raw)
             hexid = id_hex(raw)
@@ -701,16 +711,9 @@ async def heartbeat(
                     "lease_expires_at": lease,
                     "now": t,
                 }
-                ok = await store.task_heartbeat_if_running(tx, params)
-                ok = ok and await store.attempt_heartbeat_if_running(tx, {**params, "id": raw})
-                answers[raw] = wire.HeartbeatAttempt(
-                    attempt_id=hexid,
-                    ok=ok,
-                    lease_expires_at=format_time(lease if ok else v["lease_expires_at"]),
-                    cancel_requested=cancel,
-                )
-                if ok and cancel:
-                    cancels.append(hexid)
+                statements.append((store.Q.task_heartbeat_if_running, params))
+                statements.append((store.Q.attempt_heartbeat_if_running, {**params, "id": raw}))
+                extend.append((raw, v, lease, cancel))
             elif v["state"] == "OFFERED" and live:
                 answers[raw] = wire.HeartbeatAttempt(
                     attempt_id=hexid,
@@ -725,6 +728,19 @@ async def heartbeat(
                     lease_expires_at=format_time(v["lease_expires_at"]),
                     cancel_requested=cancel,
                 )
+        counts = await tx.execute_batch(statements)
+        for k, (raw, v, lease, cancel) in enumerate(extend):
+            task_ok, attempt_ok = counts[2 * k] == 1, counts[2 * k + 1] == 1
+            if task_ok != attempt_ok:  # pragma: no cover - every writer changes both at once
+                raise Conflict("task and attempt leases diverged", kind="heartbeat")
+            answers[raw] = wire.HeartbeatAttempt(
+                attempt_id=id_hex(raw),
+                ok=task_ok,
+                lease_expires_at=format_time(lease if task_ok else v["lease_expires_at"]),
+                cancel_requested=cancel,
+            )
+            if task_ok and cancel:
+                cancels.append(id_hex(raw))
         out: list[wire.HeartbeatAttempt] = []
         for text, raw in parsed:
             if raw is None:
@@ -804,7 +820,14 @@ async def report_many(
     """
     if not reports:
         return []
-    digests = [rep.digest() for rep in reports]
+    digests: list[bytes] = []
+    unreadable: dict[int, Exception] = {}
+    for idx, rep in enumerate(reports):
+        try:
+            digests.append(rep.digest())
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not JSON: only this one
+            digests.append(b"")
+            unreadable[idx] = InvalidRequest(f"the report is not valid JSON: {exc}")
 
     async def tx_fn(tx: Tx) -> tuple[list[wire.Receipt | _Late | Exception | None], list[int]]:
         out: list[wire.Receipt | _Late | Exception | None] = [None] * len(reports)
@@ -822,10 +845,13 @@ async def report_many(
         statements: list[tuple[str, Any]] = []
         receipt_rows: list[tuple[str, Any]] = []
         usage: dict[tuple[bytes, bytes], list[int]] = defaultdict(lambda: [0, 0, 0])
-        applied: list[tuple[int, Row, str, str, dict[str, Any], bytes]] = []
+        applied: list[tuple[int, Row, str, str, dict[str, Any], bytes]] = []  # after-rows
         touched: set[bytes] = set()
         for idx, rep in enumerate(reports):
             aid = id_hex(rep.attempt_id)
+            if idx in unreadable:
+                out[idx] = unreadable[idx]
+                continue
             peek = peeks.get(rep.attempt_id)
             if peek is not None and peek["task_id"] in touched:
                 deferred.append(idx)
@@ -890,7 +916,7 @@ async def report_many(
                     "task_state": plan.state, "now": t,
                 },
             ))  # fmt: skip
-            applied.append((idx, task, plan.state, plan.event, plan.data, receipt_id))
+            applied.append((idx, plan.after, plan.state, plan.event, plan.data, receipt_id))
         if applied:
             counts = await tx.execute_batch(statements)
             if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
@@ -901,9 +927,8 @@ async def report_many(
                     reservations=reservations, active=active, owner_id=owner_id,
                 )  # fmt: skip
             await tx.execute_batch(receipt_rows)
-            after = await store.task_get_many(tx, namespace_id, [a[1]["id"] for a in applied])
-            for idx, task, state, event, data, receipt_id in applied:
-                changes.append((after[task["id"]], event, data))
+            for idx, after, state, event, data, receipt_id in applied:
+                changes.append((after, event, data))
                 out[idx] = wire.Receipt(
                     ref_msg_id=None,
                     attempt_id=id_hex(reports[idx].attempt_id),
@@ -981,6 +1006,7 @@ class _ReportPlan:
     event: str  # its raw event type
     data: dict[str, Any]  # the raw event's data
     statements: list[tuple[str, Any]]  # attempt finish + task end-run, guarded, by key
+    after: Row  # the task row as the end-run UPDATE leaves it (computed, not re-read)
 
 
 def _plan_report(
@@ -1042,10 +1068,27 @@ def _plan_report(
     data: dict[str, Any] = {"attempt_id": id_hex(attempt["id"]), "report": rep.op}
     if available_at is not None:
         data["available_at"] = format_time(available_at)
+    after = {
+        **task,
+        "state": state,
+        "result": result_text,
+        "error": error_text,
+        "finished_at": end_run["finished_at"],
+        "available_at": available_at if available_at is not None else task["available_at"],
+        "effect_uncertain": 0,
+        "current_attempt_id": None,
+        "session_id": None,
+        "lease_expires_at": None,
+        "cancel_requested": 0,
+        "state_version": int(task["state_version"]) + 1,
+        "state_changed_at": now,
+        "revision": int(task["revision"]) + 1,
+    }
     return _ReportPlan(
         state=state,
         event=event,
         data=data,
+        after=after,
         statements=[
             (store.Q.attempt_finish_if_running, finish),
             (store.Q.task_end_run_if_running, end_run),

@@ -223,3 +223,32 @@ class WorkerBatches:
     async def close(self) -> None:
         await self.starts.close()
         await self.reports.close()
+
+
+class SubmitBatches:
+    """This node's group commit of single task submits without an ``Idempotency-Key``
+    (``POST …/tasks``), keyed by (namespace, owner): submits that arrive while one is being
+    committed go together in the next transaction (:func:`pulse.submit.submit_singles`),
+    each answered with its own status. ``ORBIT_PULSE_GROUP_COMMIT=0`` turns it off."""
+
+    def __init__(self, db: Any, *, max_batch: int | None = None, enabled: bool | None = None):
+        from pulse import submit
+
+        if enabled is None:
+            enabled = os.environ.get("ORBIT_PULSE_GROUP_COMMIT", "1") != "0"
+        if max_batch is None:
+            max_batch = int(os.environ.get("ORBIT_PULSE_BATCH_MAX", "64"))
+        self.enabled = enabled
+        self.singles: GroupCommit[tuple[bytes, bytes], Any, Any] = GroupCommit(
+            lambda key, items: submit.submit_singles(db, key[0], key[1], items),
+            max_batch=max_batch if enabled else 1,
+            name="submits",
+        )
+
+    async def submit(self, namespace_id: bytes, owner_id: bytes, item: Any) -> Any:
+        """:func:`pulse.submit.submit_one`'s answer for ``item`` (a ``SingleSubmit``), or
+        its error raised."""
+        return await self.singles.submit((namespace_id, owner_id), item)
+
+    async def close(self) -> None:
+        await self.singles.close()

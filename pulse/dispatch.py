@@ -147,7 +147,7 @@ class Dispatcher:
         offer_lease = t + timedelta(milliseconds=self.settings.offer_lease_ms)
         offers: list[wire.Offer] = []
         attempts: list[dict[str, Any]] = []
-        leased: list[tuple[bytes, bytes]] = []  # (task id, attempt id)
+        leased: list[tuple[dict[str, Any], bytes]] = []  # (claimed row, attempt id)
         reservations: dict[tuple[bytes, bytes], int] = defaultdict(int)
         more = False
         leases: list[tuple[str, Any]] = []
@@ -180,7 +180,7 @@ class Dispatcher:
                         "now": t,
                     }
                 )
-                leased.append((row["id"], attempt_id))
+                leased.append((row, attempt_id))
                 reservations[(row["queue_id"], row["owner_id"])] += 1
                 offers.append(wire.offer_from_row(row, attempt_id, generation, offer_lease))
                 free -= 1
@@ -194,15 +194,21 @@ class Dispatcher:
         await store.attempt_insert_many(tx, attempts)
         for (queue_id, owner_id), count in sorted(reservations.items()):
             await transitions.adjust_usage(tx, ns, queue_id, reservations=count, owner_id=owner_id)
-        after = await store.task_get_many(tx, ns, [task_id for task_id, _ in leased])
+        # The leased rows as task_lease_if_waiting left them (computed, not re-read: the
+        # events need only what the claim returned plus what the UPDATE set).
         changes: list[Change] = [
             (
-                after[task_id],
+                {
+                    **row, "state": "LEASED", "current_attempt_id": attempt_id,
+                    "session_id": info.session_id, "lease_expires_at": offer_lease,
+                    "state_version": int(row["state_version"]) + 1, "state_changed_at": t,
+                    "revision": int(row["revision"]) + 1,
+                },
                 transitions.EVENT_LEASED,
                 {"session_id": id_hex(info.session_id)},
             )
-            for task_id, _ in leased
-        ]
+            for row, attempt_id in leased
+        ]  # fmt: skip
         await transitions.record_many(tx, ns, changes, now=t)
         return _Outcome(offers, more=more)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 
@@ -35,6 +36,14 @@ Key = tuple[bytes, bytes]  # (namespace_id, session_id)
 #: WebSocket close codes (4000 + the HTTP status, as orbit.http.errors does).
 CLOSE_SESSION_GONE = 4401
 CLOSE_REPLACED = 4409
+#: Policy violation: the worker stopped reading its stream (a push did not drain in time).
+CLOSE_NOT_READING = 1008
+
+#: Longest one push to a worker's socket may wait for the socket to drain
+#: (``ORBIT_PULSE_SEND_TIMEOUT_MS``, default 10 s). A worker that stops reading must not stall
+#: this node's dispatcher (which pushes offers session after session) or its cancel pushes:
+#: past the deadline the stream is closed and its offers return by offer-lease expiry.
+SEND_TIMEOUT_S = int(os.environ.get("ORBIT_PULSE_SEND_TIMEOUT_MS", "10000")) / 1000
 
 
 class Connection:
@@ -88,17 +97,32 @@ class WsConnection(Connection):
         super().__init__(info, queues)
         self.websocket = websocket
         self._lock = asyncio.Lock()
+        self._closer: asyncio.Task[None] | None = None
 
     async def send(self, frame: wire.ServerFrame) -> bool:
         if self.closed:
             return False
         try:
-            async with self._lock:
-                await self.websocket.send_text(wire.encode(frame).decode())
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                async with self._lock:
+                    await self.websocket.send_text(wire.encode(frame).decode())
             return True
+        except TimeoutError:
+            log.warning(
+                "session %s stopped reading its stream; closing it",
+                id_hex(self.info.session_id),
+            )
+            self.closed = True
+            # Closing sends a close frame, which may block too: never wait for it here.
+            self._closer = asyncio.create_task(self._close_stuck())
+            return False
         except Exception:  # the peer went away: the receive loop ends the connection
             self.closed = True
             return False
+
+    async def _close_stuck(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.websocket.close(code=CLOSE_NOT_READING, reason="not_reading")
 
     async def close(self, code: int, reason: str) -> None:
         if self.closed:

@@ -397,11 +397,23 @@ async def _set_gate(
     queue_name: str | None = None,
 ) -> None:
     stamp = await task_store.clock_now(tx, now)
-    before = (await store.gate_get_many(tx, namespace_id, [queue_id])).get(queue_id)
-    was_paused = bool(before and before["paused"])
-    if was_paused == paused:
-        return  # idempotent: nothing changes, the control revision stays
-    await store.gate_set(tx, namespace_id, new_id(), queue_id, paused, stamp)
+    # Decide under the gate's row lock: two concurrent pauses must make ONE change (one
+    # event, one audit row), the second one being the idempotent no-op.
+    before = await store.gate_lock(tx, namespace_id, queue_id)
+    if before is None:
+        if not paused:
+            return  # never set: open already
+        try:
+            await store.gate_insert(tx, namespace_id, new_id(), queue_id, paused, stamp)
+        except DuplicateKey as exc:
+            if exc.key != store.GATE_SCOPE_INDEX:
+                raise
+            before = await store.gate_lock(tx, namespace_id, queue_id)  # the winner's row
+            assert before is not None, "a duplicate gate is committed when we see 1062"
+    if before is not None:
+        if bool(before["paused"]) == paused:
+            return  # idempotent: nothing changes, the control revision stays
+        await store.gate_set(tx, namespace_id, new_id(), queue_id, paused, stamp)
     after = (await store.gate_get_many(tx, namespace_id, [queue_id]))[queue_id]
     if actor is not None:
         await audit.record(

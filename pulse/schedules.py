@@ -619,7 +619,12 @@ async def resume_schedule(
         stamp = await store.clock_now(tx, now)
         if not row["paused"]:
             return await _view(tx, row, stamp)
-        adv = await advance(tx, row, stamp, skip_all="paused", request_id=request_id)
+        current = dict(row)
+        while True:  # one skipped row per version segment; more than one load of versions
+            adv = await advance(tx, current, stamp, skip_all="paused", request_id=request_id)
+            if adv.caught_up or adv.covered_until <= current["covered_until"]:
+                break
+            current = {**current, "covered_until": adv.covered_until, "check_at": adv.check_at}
         return await _set_paused(
             tx, row, False, adv.covered_until, adv.check_at, actor, request_id, stamp
         )

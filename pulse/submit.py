@@ -14,8 +14,11 @@ Rules (API.md "Tasks", SPEC.md §1–3):
   single submit writes nothing (429, ``Retry-After``); in a batch the refused items get 429
   and the others commit. Usage counters change in the same transaction as the insert.
 * Lock order: application resources → queue usage rows (sorted) → tasks → result stream.
-  The usage rows are locked before the identity lookup, so two identical submits to one
-  queue serialise there and the second one simply finds the first one's task.
+  A row a decision reads is locked first: the application's when it has a task quota, a
+  queue's when it has one or an item carries a dedup identity (so two identical submits to
+  one queue serialise there and the second one simply finds the first one's task). A row
+  that is only counted into is updated at the end, in the same order, and held from there
+  to COMMIT — the application and queue rows are every task change's hot spot.
 
 :func:`submit_in_tx` is the building block other services (schedules, workflows) call
 inside their own transaction; :func:`submit_batch` / :func:`submit_one` run it with the
@@ -43,6 +46,7 @@ from orbit.idempotency import IdemRequest, Reply
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.storage.errors import CHECK_VIOLATED, error_code
+from orbit.store import resources as resources_store
 from orbit.times import parse_time
 from pulse import transitions
 from pulse.errors import QueueNotFound, QueueQuotaExceeded
@@ -210,6 +214,7 @@ async def submit_in_tx(
     source_id: bytes | None = None,
     allowed_queues: frozenset[str] | None = None,
     request_id: str | None = None,
+    request_ids: Sequence[str | None] | None = None,
     now: datetime | None = None,
 ) -> list[ItemResult]:
     """Submit ``items`` (already-decoded bodies, or the error an item failed to decode with)
@@ -218,7 +223,8 @@ async def submit_in_tx(
     Writes the tasks, their ``task.accepted`` raw events and the usage counters. Quota
     refusals are counted in ``pulse_queue_usage.denials_quota`` here too. With
     ``allowed_queues`` (a key limited to some queues) an item for another queue is the same
-    404 as an unknown queue.
+    404 as an unknown queue. ``request_ids`` (one per item) replaces ``request_id`` on the
+    items' raw events (grouped single submits, :func:`submit_singles`).
     """
     results: list[ItemResult | None] = [None] * len(items)
     prepared: list[_Prepared] = []
@@ -248,13 +254,28 @@ async def submit_in_tx(
             err = QueueNotFound()
             results[p.index] = ItemResult(err.status, error=err)
 
-    # Lock order: application resources, then the queues' usage rows (sorted by id).
-    app = await orbit_resources.lock_resources(tx, owner_id) if live else None
+    # Lock order: application resources, then the queues' usage rows (sorted by id) — but
+    # only the rows a decision reads: the application's row when it has a task quota, a
+    # queue's row when it has one or when an item carries a dedup identity (so identical
+    # submits serialise there and the second finds the first's task). The other rows are
+    # only *updated* at the end (application first, then queues: the same order), so they
+    # are held from there to COMMIT instead of across the whole batch.
+    app = None
+    has_identity = any(p.identity is not None for p in live)
+    if live:
+        app = await resources_store.resources_get(tx, owner_id)
+        # An identity locks queue rows below: take the application's row first then too, or
+        # counting into it at the end would wait for it while holding a queue row (deadlock
+        # with transactions that lock in the documented order).
+        if app is not None and (app.max_unfinished_tasks is not None or has_identity):
+            app = await orbit_resources.lock_resources(tx, owner_id)
     usage: dict[bytes, dict[str, Any]] = {}
     for queue_id in sorted({queues[p.body.queue]["id"] for p in live}):
-        row = await queue_store.queue_usage_lock(tx, namespace_id, queue_id)
-        assert row is not None, "every queue has its usage row"
-        usage[queue_id] = row
+        q_row = next(q for q in queues.values() if q["id"] == queue_id)
+        if has_identity or q_row["max_unfinished_tasks"] is not None:
+            row = await queue_store.queue_usage_lock(tx, namespace_id, queue_id)
+            assert row is not None, "every queue has its usage row"
+            usage[queue_id] = row
 
     # Identity: existing tasks (read after the locks, so a serialised twin is visible),
     # and twins inside this batch (the later ones get the first one's task).
@@ -282,9 +303,11 @@ async def submit_in_tx(
     app_max = app.max_unfinished_tasks if app else None
     for p in fresh:
         q = queues[p.body.queue]
-        used = int(usage[q["id"]]["unfinished_tasks"]) + per_queue.get(q["id"], 0)
         err: OrbitError | None = None
-        if q["max_unfinished_tasks"] is not None and used + 1 > int(q["max_unfinished_tasks"]):
+        limit = q["max_unfinished_tasks"]
+        if limit is not None and (
+            int(usage[q["id"]]["unfinished_tasks"]) + per_queue.get(q["id"], 0) + 1 > int(limit)
+        ):
             err = QueueQuotaExceeded("queue", int(q["max_unfinished_tasks"]), QUOTA_RETRY_AFTER_S)
             denied_per_queue[q["id"]] = denied_per_queue.get(q["id"], 0) + 1
         elif app_max is not None and app_used + 1 > int(app_max):
@@ -318,23 +341,25 @@ async def submit_in_tx(
             else ItemResult(twin.status, error=twin.error)
         )
 
-    for queue_id, n in sorted(counts.items()):
-        await transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=n)
+    # The application's row before the queues' rows (the lock order, also for the rows
+    # first locked here).
     if counts and app is not None:
         await queue_store.application_usage_add(tx, owner_id, sum(counts.values()), 0, 0)
+    for queue_id, n in sorted(counts.items()):
+        await transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=n)
     for queue_id, n in sorted(denied_per_queue.items()):
         await queue_store.queue_usage_add_quota_denials(tx, namespace_id, queue_id, n)
 
-    await transitions.record_many(
-        tx,
-        namespace_id,
-        [
+    # One INSERT of raw events per request (a group of single submits carries one request
+    # id per item; a batch request one for all).
+    by_request: dict[str | None, list[tuple[dict[str, Any], str, dict[str, Any]]]] = {}
+    for k in inserted:
+        rid = request_ids[admitted[k].index] if request_ids is not None else request_id
+        by_request.setdefault(rid, []).append(
             (fetched[rows[k]["id"]], transitions.EVENT_ACCEPTED, {"source": source_kind})
-            for k in inserted
-        ],
-        request_id=request_id,
-        now=stamp,
-    )
+        )
+    for rid, changes in by_request.items():
+        await transitions.record_many(tx, namespace_id, changes, request_id=rid, now=stamp)
     out = [r for r in results if r is not None]
     assert len(out) == len(items)
     return out
@@ -487,6 +512,76 @@ async def submit_one(
         if err.scope == "queue":
             await _count_denial(db, namespace_id, body.queue)
         raise
+
+
+@dataclass(frozen=True)
+class SingleSubmit:
+    """One ``POST …/tasks`` without an ``Idempotency-Key``, for :func:`submit_singles`."""
+
+    body: TaskSubmit
+    actor: Actor | None = None
+    request_id: str | None = None
+
+
+async def submit_singles(
+    db: Database,
+    namespace_id: bytes,
+    owner_id: bytes,
+    items: Sequence[SingleSubmit],
+    *,
+    now: datetime | None = None,
+) -> list[Submitted | OrbitError]:
+    """Single submits of one owner that arrived together (group commit, pulse/batcher.py),
+    in ONE transaction; per item, in order, what :func:`submit_one` would return (its
+    :class:`Submitted`) or raise (the error: 400, 404, 429).
+
+    Only requests without an ``Idempotency-Key`` are grouped (a keyed request's stored
+    response belongs to its own transaction). Each item is judged as it would be alone —
+    quotas in arrival order, a second identical identity gets the first one's task (200) —
+    and a refused item writes nothing of its own (its quota denial is counted), while the
+    others commit. Each item keeps its own audit record and its events their request id.
+    """
+    out: list[Submitted | OrbitError | None] = [None] * len(items)
+    valid: list[int] = []
+    for i, item in enumerate(items):
+        try:
+            prepare(0, item.body)
+        except OrbitError as err:
+            out[i] = err
+        else:
+            valid.append(i)
+
+    async def run(tx: Tx) -> list[Submitted | OrbitError]:
+        results = await submit_in_tx(
+            tx,
+            namespace_id,
+            owner_id,
+            [items[i].body for i in valid],
+            request_ids=[items[i].request_id for i in valid],
+            now=now,
+        )
+        answers: list[Submitted | OrbitError] = []
+        for i, res in zip(valid, results, strict=True):
+            if res.error is not None:
+                answers.append(res.error)
+                continue
+            assert res.row is not None
+            work: frozenset[bytes] = frozenset()
+            if res.status == 201:
+                work = frozenset({res.row["queue_id"]})
+                await _audit(tx, items[i].actor, namespace_id, res.row["id"], 201, {},
+                             items[i].request_id)  # fmt: skip
+            body = _REPLY_ENCODER.encode(task_body(res.row, deduplicated=res.deduplicated))
+            answers.append(Submitted(Reply(res.status, body, False), work))
+        return answers
+
+    if valid:
+        for i, answer in zip(valid, await db.transaction(run), strict=True):
+            out[i] = answer
+    return out  # type: ignore[return-value]
+
+
+_REPLY_ENCODER = msgspec.json.Encoder()
 
 
 async def _audit(

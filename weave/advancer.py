@@ -8,8 +8,9 @@ One round (:meth:`Advancer.run_once`):
 2. For each instance, one transaction: lock the instance row with ``FOR UPDATE SKIP
    LOCKED`` (an instance another node is advancing, or a control request holds, is skipped
    and found again next round), lock its unprocessed events in arrival order, apply the
-   deferred advances (when resumed) and then the events with the engine, mark each event
-   processed, write the instance with a CAS on its revision, commit.
+   deferred advances (when resumed) and then the events with the engine (when a full batch
+   of deferred advances was applied, the events wait for a later round: they are newer),
+   mark each event processed, write the instance with a CAS on its revision, commit.
 3. After COMMIT only: push cancels of running attempts to their workers and wake this node's
    dispatcher for the new tasks.
 
@@ -174,8 +175,13 @@ class Advancer:
                     counts["ignored"] = counts.get("ignored", 0) + 1
                 return counts, None
             r = await Run.load(tx, inst, t)
-            await apply_pending(r, self.settings.batch)
-            counts = await apply_events(r, rows)
+            resumed = await apply_pending(r, self.settings.batch)
+            if resumed >= self.settings.batch and r.running:
+                # Deferred advances may be left: they are older than every unprocessed event,
+                # so the events wait for a later round (order is kept).
+                counts = {}
+            else:
+                counts = await apply_events(r, rows)
             after = await r.save()
             return counts, after
 

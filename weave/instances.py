@@ -238,6 +238,9 @@ async def start_instance(
 ) -> Reply:
     """``POST .../workflows/{name}/instances`` (see the module docstring)."""
     input_text = check_input(bytes(body.input))
+    if body.business_key is not None and body.business_key.endswith(" "):
+        # utf8mb4_bin pads with spaces: "k " would find the instance of "k" as a duplicate.
+        raise InvalidRequest("business_key must not end with a space", field="business_key")
     after_box: list[AfterCommit] = []
 
     async def effect(tx: Tx) -> tuple[int, InstanceOut]:

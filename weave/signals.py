@@ -28,6 +28,7 @@ import msgspec
 
 from orbit import audit, events
 from orbit.audit import Actor
+from orbit.errors import InvalidRequest
 from orbit.idempotency import IdemRequest, Reply, perform
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
@@ -159,6 +160,11 @@ async def send_signal(
     if iid is None:
         raise InstanceNotFound()
     payload_text = check_json_text(bytes(body.payload), "payload")
+    for field in ("signal_id", "correlation_key"):
+        value = getattr(body, field)
+        if value is not None and value.endswith(" "):
+            # utf8mb4_bin pads with spaces: "s " would replay "s", "k " would match a "k" wait.
+            raise InvalidRequest(f"{field} must not end with a space", field=field)
 
     async def effect(tx: Tx) -> tuple[int, SignalOut]:
         return await send_in_tx(

@@ -67,6 +67,9 @@ def cmd_workflow_get(args: argparse.Namespace) -> int:
             return EXIT_OK
         show(args, answer, [*VERSION_COLUMNS, "name", "workflow_id"])
         return EXIT_OK
+    if args.json and not args.all:  # the API's answer as it is: workflow + one page
+        show(args, api.request("GET", path, params={"limit": args.limit, "cursor": args.cursor}))
+        return EXIT_OK
     items, cursor = fetch_pages(args, api, path, {}, items_key="versions")
     if args.json:
         show_page(args, items, cursor, VERSION_COLUMNS)

@@ -2,7 +2,8 @@
 starts every background loop, serves with uvicorn.
 
     orbit-server [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
-                 [--max-body-bytes N] [--log-level info] [--plain-logs]
+                 [--pool-timeout S] [--max-body-bytes N] [--header-timeout S]
+                 [--log-level info] [--plain-logs]
 
 Before serving it checks the schema (``orbit.migrate.status``) and **refuses to start** —
 one line per problem on stderr, non-zero exit — when migrations are pending, the schema is
@@ -32,10 +33,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import h11
 import pymysql
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from orbit import logs, migrate
 from orbit.context import AppContext
@@ -55,6 +58,46 @@ EXIT_UNAVAILABLE = 3
 Loop = Callable[[asyncio.Event], Awaitable[None]]
 
 STOP_GRACE_S = 10.0
+
+
+class HeadDeadlineH11(H11Protocol):
+    """uvicorn's h11 protocol plus a deadline for each request *head* (slow-loris bound).
+
+    uvicorn closes idle keep-alive connections but waits forever for the rest of a request
+    head that is trickled a byte at a time. Here a connection waiting for a head (new, or
+    keep-alive with a partial next request) is closed ``head_timeout`` seconds after the
+    wait began. Bodies and WebSockets are not affected (the deadline stops at the head).
+    """
+
+    head_timeout: float = 10.0
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+        elif self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_expired)
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
 
 
 def _optional(module: str) -> ModuleType | None:
@@ -162,8 +205,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pool-size", type=int, default=int(os.environ.get("ORBIT_POOL_SIZE", "10")))
     p.add_argument(
+        "--pool-timeout", type=float,
+        default=float(os.environ.get("ORBIT_POOL_TIMEOUT_S", "5")),
+        help="seconds a request waits for a pooled connection before 503 not_ready (default 5)",
+    )  # fmt: skip
+    p.add_argument(
         "--max-body-bytes", type=int, default=None, help="request body limit (default 1 MiB)"
     )
+    p.add_argument(
+        "--header-timeout", type=float,
+        default=float(os.environ.get("ORBIT_HEADER_TIMEOUT_S", "10")),
+        help="seconds a client may take to send a request head (slow-loris bound; default 10)",
+    )  # fmt: skip
     p.add_argument("--log-level", default=os.environ.get("ORBIT_LOG_LEVEL", "info"))
     p.add_argument(
         "--plain-logs", action="store_true", help="human-readable logs instead of JSON lines"
@@ -233,14 +286,17 @@ async def serve(args: argparse.Namespace) -> int:
         code = await preflight(dsn)
         if code != EXIT_OK:
             return code
-        db = await Database.connect(dsn, maxsize=args.pool_size)
+        db = await Database.connect(
+            dsn, maxsize=args.pool_size, acquire_timeout=args.pool_timeout or None
+        )
         try:
             settings = Settings.from_env(max_body_bytes=args.max_body_bytes)
             ctx = AppContext(db=db, settings=settings)
             app = build_app(ctx, extra_routes(ctx), lifespan=lifespan(ctx, background_loops(ctx)))
+            http = type("OrbitH11", (HeadDeadlineH11,), {"head_timeout": args.header_timeout})
             config = uvicorn.Config(
                 app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                access_log=False, lifespan="on", log_config=None,
+                access_log=False, lifespan="on", log_config=None, http=http,
             )  # fmt: skip
             server = uvicorn.Server(config)
             # uvicorn re-raises the signal that stopped it once it has shut down gracefully;

@@ -8,8 +8,10 @@ Starlette's HTTPException (unknown route 404, 405). The handler also
   412 ``precondition_failed``, 422 ``idempotency_mismatch``, 429 by code);
 * writes the audit event of a failed call when the route declared an audit intent (see
   :mod:`orbit.http.auditing`): 403 denials, 409/412/422/429 conflicts;
-* closes a WebSocket with code ``4000 + status`` (e.g. 4401, 4403, 4404) instead of
-  answering, when the error happens on a WebSocket before it was accepted.
+* on a WebSocket that was not accepted yet, answers the upgrade with the HTTP error itself
+  (status and error body, through the ASGI denial-response extension, which uvicorn
+  supports); without the extension, or once accepted, closes it with code
+  ``4000 + status`` (e.g. 4401, 4403, 4404).
 
 ``Retry-After`` comes from the error itself (429 and 503 always carry it).
 """
@@ -28,7 +30,13 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from orbit.errors import Conflict, InvalidRequest, NotFound, NotReady, OrbitError
 from orbit.metrics import count_conflict
-from orbit.storage import CasConflict, OutcomeUnknown, StorageError, TransientExhausted
+from orbit.storage import (
+    CasConflict,
+    OutcomeUnknown,
+    PoolExhausted,
+    StorageError,
+    TransientExhausted,
+)
 from orbit.storage.errors import CHECK_VIOLATED
 
 log = logging.getLogger("orbit.http")
@@ -85,6 +93,10 @@ def translate_storage_error(exc: StorageError) -> OrbitError:
         return Conflict(str(exc), kind="cas")
     if isinstance(exc, TransientExhausted):
         return NotReady("the database is busy, retry", retry_after=1, reason="transaction_conflict")
+    if isinstance(exc, PoolExhausted):
+        return NotReady(
+            "every database connection is busy, retry", retry_after=1, reason="pool_exhausted"
+        )
     if isinstance(exc, OutcomeUnknown):
         return NotReady(
             "the outcome is unknown (connection lost during commit): read before retrying",
@@ -114,6 +126,14 @@ async def handle_orbit_error(conn: HTTPConnection, exc: Exception) -> Response |
     if exc.status >= 500:
         log.warning("request %s failed: %s %s", _request_id(conn), exc.code, exc.message)
     if isinstance(conn, WebSocket):
+        if (
+            conn.application_state == WebSocketState.CONNECTING
+            and "websocket.http.response" in conn.scope.get("extensions", {})
+        ):
+            # Not accepted yet: answer the upgrade with the real HTTP error (ASGI denial
+            # response). A close before accept reaches the client as a bare HTTP 403.
+            await conn.send_denial_response(error_response(exc, _request_id(conn)))
+            return None
         if conn.application_state != WebSocketState.DISCONNECTED:
             await conn.close(code=4000 + exc.status, reason=exc.code)
         return None

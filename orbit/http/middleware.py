@@ -100,7 +100,7 @@ class RequestContextMiddleware:
 
         try:
             length = _header(scope, b"content-length")
-            if length is not None and length.isdigit() and int(length) > limit:
+            if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
                 await _send_json(
                     send_wrapper, 413,
                     error_bytes("payload_too_large", f"request body exceeds {limit} bytes", {"max_bytes": limit}),

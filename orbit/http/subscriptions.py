@@ -25,7 +25,7 @@ from orbit import deliveries, delivery_pump, subscriptions
 from orbit.credentials import Principal
 from orbit.deliveries import DeliveryOut, delivery_info, delivery_out
 from orbit.delivery_loop import DeliveryHub, deliveries_hub
-from orbit.errors import NotFound
+from orbit.errors import InvalidRequest, NotFound
 from orbit.http.auditing import audit_intent, request_id
 from orbit.http.auth import authenticated, authorize
 from orbit.http.body import decode_body, decode_optional, read_body
@@ -166,7 +166,9 @@ async def list_deliveries(request: Request) -> Response:
     limit = parse_limit(request.query_params.get("limit"))
     filters = {"subscription": name, "state": state}
     position = decode_cursor(request.query_params.get("cursor"), filters)
-    after = int(position.get("seq", 0)) if position else 0
+    after = position.get("seq", 0) if position else 0
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise InvalidRequest("cursor is not valid", field="cursor")
     sub = await subscriptions.get_subscription(db, _namespace(p), name)
     rows = await deliveries.list_history(
         db, _namespace(p), sub.id, state=state, after_seq=after, limit=limit

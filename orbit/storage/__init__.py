@@ -9,6 +9,7 @@ from orbit.storage.errors import (
     CasConflict,
     DuplicateKey,
     OutcomeUnknown,
+    PoolExhausted,
     StorageError,
     TransientExhausted,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "Database",
     "DuplicateKey",
     "OutcomeUnknown",
+    "PoolExhausted",
     "Queries",
     "StorageError",
     "TransientExhausted",

@@ -35,6 +35,7 @@ from orbit.storage.errors import (
     CasConflict,
     DuplicateKey,
     OutcomeUnknown,
+    PoolExhausted,
     TransientExhausted,
     duplicate_key_name,
     error_code,
@@ -189,12 +190,17 @@ class Database:
         maxsize: int = 10,
         max_retries: int = 5,
         connect_timeout: float = 5.0,
+        acquire_timeout: float | None = None,
     ) -> None:
         self.dsn = dsn
         self.minsize = minsize
         self.maxsize = maxsize
         self.max_retries = max_retries
         self.connect_timeout = connect_timeout
+        #: Longest wait for a free pooled connection before :class:`PoolExhausted` (None:
+        #: wait forever). ``orbit-server`` sets it (``--pool-timeout``, default 5 s) so a
+        #: saturated pool sheds requests with a fast 503 instead of queueing them unbounded.
+        self.acquire_timeout = acquire_timeout
         self.stats = TxStats()
         self._pool: aiomysql.Pool | None = None
 
@@ -285,8 +291,29 @@ class Database:
                     raise TransientExhausted(code, attempt) from exc
                 await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
 
+    async def _acquire(self) -> aiomysql.Connection:
+        """A pooled connection, or :class:`PoolExhausted` after ``acquire_timeout``."""
+        if self.acquire_timeout is None:
+            return await self.pool.acquire()
+        pending = asyncio.ensure_future(self.pool.acquire())
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), self.acquire_timeout)
+        except BaseException as exc:  # the timeout, or the caller was cancelled
+            pool = self.pool
+
+            def give_back(f: asyncio.Future[aiomysql.Connection]) -> None:
+                # The acquire may still have won the race with the cancel: never leak it.
+                if not f.cancelled() and f.exception() is None:
+                    pool.release(f.result())
+
+            pending.add_done_callback(give_back)
+            pending.cancel()
+            if isinstance(exc, TimeoutError):
+                raise PoolExhausted(self.acquire_timeout, self.maxsize) from None
+            raise
+
     async def _run_once(self, fn: Callable[[Tx], Awaitable[T]], readonly: bool) -> T:
-        conn = await self.pool.acquire()
+        conn = await self._acquire()
         clean = False
         try:
             await self._prepare(conn)

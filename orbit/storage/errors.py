@@ -4,6 +4,7 @@ StorageError
  ├── CasConflict          a guarded UPDATE changed no row (revision/state moved on)
  ├── DuplicateKey         1062 on a unique index; ``key`` names the index
  ├── OutcomeUnknown       2013 during COMMIT: the transaction may or may not have committed
+ ├── PoolExhausted        no pooled connection became free within the acquire timeout
  └── TransientExhausted   1213/1205/1020 retried the allowed number of times
 """
 
@@ -51,6 +52,16 @@ class DuplicateKey(StorageError):
 
 class OutcomeUnknown(StorageError):
     """The connection was lost during COMMIT: callers must re-read before deciding."""
+
+
+class PoolExhausted(StorageError):
+    """Every pooled connection stayed busy for ``timeout`` seconds: shed the request (503)
+    instead of queueing it without bound. Nothing was run."""
+
+    def __init__(self, timeout: float, maxsize: int) -> None:
+        super().__init__(f"no database connection free within {timeout:g}s (pool of {maxsize})")
+        self.timeout = timeout
+        self.maxsize = maxsize
 
 
 class TransientExhausted(StorageError):

@@ -37,6 +37,7 @@ from orbit.metrics import conflicts
 from orbit.pagination import parse_limit
 from orbit.types import Action
 from pulse import submit, tasks
+from pulse.batcher import SubmitBatches
 from pulse.errors import TaskNotFound
 from pulse.tasks import call_hub
 from pulse.types import BatchSubmit, CancelBulk, Resolve, TaskListFilters, TaskSubmit
@@ -68,6 +69,14 @@ def _require_queue_filter(principal: Principal, queue: str | None) -> None:
         raise Forbidden("this key is limited to some queues: name an allowed queue")
 
 
+def _submit_batches(ctx: Any) -> SubmitBatches:
+    b = ctx.extras.get("pulse.submit_batches")
+    if not isinstance(b, SubmitBatches):
+        b = SubmitBatches(ctx.db)
+        ctx.extras["pulse.submit_batches"] = b
+    return b
+
+
 async def _visible(request: Request, principal: Principal, task_id: str) -> dict[str, Any]:
     """The task, or 404 when absent or in a queue the key may not use."""
     assert principal.namespace_id is not None
@@ -89,16 +98,24 @@ async def submit_task(request: Request) -> Response:
     body: TaskSubmit = await _body(request, TaskSubmit)
     check_queue(principal, body.queue)
     ctx = _ctx(request)
-    res = await submit.submit_one(
-        ctx.db,
-        principal.namespace_id,
-        principal.application_id,
-        body,
-        idem=await idem_request(request),
-        actor=principal.actor,
-        request_id=request_id(request),
-        retention_s=ctx.settings.idempotency_retention_s,
-    )
+    idem = await idem_request(request)
+    if idem is None:  # group-committed with the node's other single submits (pulse/batcher.py)
+        res = await _submit_batches(ctx).submit(
+            principal.namespace_id,
+            principal.application_id,
+            submit.SingleSubmit(body, principal.actor, request_id(request)),
+        )
+    else:
+        res = await submit.submit_one(
+            ctx.db,
+            principal.namespace_id,
+            principal.application_id,
+            body,
+            idem=idem,
+            actor=principal.actor,
+            request_id=request_id(request),
+            retention_s=ctx.settings.idempotency_retention_s,
+        )
     await _wake(request, principal.namespace_id, res.new_work)
     return reply_response(res.reply)
 

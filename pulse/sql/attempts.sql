@@ -60,7 +60,8 @@ LIMIT %(limit)s
 -- concurrent dispatchers disjoint batches (ix_pulse_tasks_dispatch). dispatch_at <= now is
 -- implied by available_at <= now but lets the index range stop early.
 SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, payload, priority,
-  available_at, dispatch_at, deadline_at, concurrency_key, state, attempts, revision
+  available_at, dispatch_at, deadline_at, concurrency_key, state, state_version, attempts,
+  revision
 FROM pulse_tasks
 WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
   AND dispatch_at <= %(now)s AND available_at <= %(now)s
@@ -128,12 +129,14 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'RUNNING'
   AND current_attempt_id = %(attempt_id)s AND lease_expires_at > %(now)s
 
 -- name: attempt_insert_many
+-- Placeholders only (state 'OFFERED' and revision 1 are parameters), so executemany sends
+-- one multi-row INSERT instead of one statement per attempt.
 INSERT INTO pulse_attempts
   (namespace_id, id, task_id, generation, session_id, state, lease_expires_at, offered_at,
    revision)
 VALUES
-  (%(namespace_id)s, %(id)s, %(task_id)s, %(generation)s, %(session_id)s, 'OFFERED',
-   %(lease_expires_at)s, %(now)s, 1)
+  (%(namespace_id)s, %(id)s, %(task_id)s, %(generation)s, %(session_id)s, %(state)s,
+   %(lease_expires_at)s, %(now)s, %(revision)s)
 
 -- name: attempt_get
 SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
@@ -273,13 +276,14 @@ JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
 WHERE a.namespace_id = %(namespace_id)s AND a.id IN %(ids)s
 
 -- name: task_lock_many
-SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
-  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
-  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
-  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
-  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
-  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
-  finished_at, revision
+-- The columns the worker-side decisions and their events read (not the payload, the
+-- resolution or the stuck marks: a batch of starts or reports never needs them, and the
+-- payload is the widest column).
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, available_at, deadline_at,
+  max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier,
+  retry_safe, concurrency_key, concurrency_key_digest, state, state_version, attempts,
+  current_attempt_id, session_id, lease_expires_at, cancel_requested, effect_uncertain,
+  result, error, source_kind, source_id, started_at, finished_at, revision
 FROM pulse_tasks
 WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
 ORDER BY id

@@ -115,6 +115,22 @@ SELECT namespace_id, id, queue_id, paused, control_revision, updated_at
 FROM pulse_execution_gates
 WHERE namespace_id = %(namespace_id)s AND queue_id IN %(queue_ids)s
 
+-- name: gate_lock
+-- The gate of one scope, locked: pause/resume decide "does this change anything" under it,
+-- so two concurrent pauses write one change (one event, one audit row), never two.
+SELECT namespace_id, id, queue_id, paused, control_revision, updated_at
+FROM pulse_execution_gates
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
+FOR UPDATE
+
+-- name: gate_insert
+-- First pause/resume of a scope. A concurrent first change of the same scope waits on
+-- uq_pulse_execution_gates_scope and then fails with 1062: the caller locks the winner's row
+-- and decides again.
+INSERT INTO pulse_execution_gates
+  (namespace_id, id, queue_id, paused, control_revision, updated_at)
+VALUES (%(namespace_id)s, %(id)s, %(queue_id)s, %(paused)s, 1, %(now)s)
+
 -- name: gate_set
 -- Creates the gate on first use. control_revision moves only when paused changes (pause and
 -- resume are idempotent); it is assigned before paused so it compares the old value.

@@ -113,7 +113,9 @@ async def task_heartbeat_if_running(tx: Tx, row: Row) -> bool:
 async def attempt_insert_many(tx: Tx, rows: Sequence[Row]) -> None:
     """Insert OFFERED attempts (one multi-row INSERT)."""
     if rows:
-        await tx.executemany(Q.attempt_insert_many, rows)
+        await tx.executemany(
+            Q.attempt_insert_many, [{**r, "state": "OFFERED", "revision": 1} for r in rows]
+        )
 
 
 async def attempt_get(tx: Tx, namespace_id: bytes, attempt_id: bytes) -> Row | None:

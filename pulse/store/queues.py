@@ -18,6 +18,8 @@ Row = dict[str, Any]
 
 #: ``pulse_execution_gates.queue_id`` of the namespace-wide gate.
 NAMESPACE_GATE = bytes(16)
+#: Unique index of a gate's scope (namespace_id, queue_id).
+GATE_SCOPE_INDEX = "uq_pulse_execution_gates_scope"
 
 
 async def queue_get_by_name(
@@ -113,6 +115,29 @@ async def gate_get_many(
         Q.gate_get_many, {"namespace_id": namespace_id, "queue_ids": tuple(queue_ids)}
     )
     return {r["queue_id"]: r for r in rows}
+
+
+async def gate_lock(tx: Tx, namespace_id: bytes, queue_id: bytes) -> Row | None:
+    """The gate of ``queue_id`` (:data:`NAMESPACE_GATE` for the namespace), locked; None when
+    it was never set (open)."""
+    return await tx.fetchone(Q.gate_lock, {"namespace_id": namespace_id, "queue_id": queue_id})
+
+
+async def gate_insert(
+    tx: Tx, namespace_id: bytes, gate_id: bytes, queue_id: bytes, paused: bool, now: datetime
+) -> None:
+    """Create a gate (control revision 1). Raises DuplicateKey(GATE_SCOPE_INDEX) when a
+    concurrent transaction created it first."""
+    await tx.execute(
+        Q.gate_insert,
+        {
+            "namespace_id": namespace_id,
+            "id": gate_id,
+            "queue_id": queue_id,
+            "paused": int(paused),
+            "now": now,
+        },
+    )
 
 
 async def gate_set(

@@ -25,19 +25,19 @@ def t(server, dsn: DSN) -> CliTenant:
 def test_cron_schedule_in_a_dst_zone(t: CliTenant) -> None:
     s = loads(t.orbit("schedules", "put", "nightly", "--queue", "reports", "--kind", "report",
                       "--cron", "30 2 * * *", "--timezone", "Europe/Berlin",
-                      "--payload", '{"rate": 0.10}', "--start-at", "2030-03-29T00:00:00Z",
+                      "--payload", '{"rate": 0.10}', "--start-at", "2030-03-30T12:00:00Z",
                       "--json"))  # fmt: skip
     assert s["version"] == 1 and s["timezone"] == "Europe/Berlin"
-    # 2030-03-31 02:30 does not exist in Berlin (clocks jump 02:00 -> 03:00); the first fire
-    # is the 30th at 02:30 CET = 01:30Z.
-    assert s["next_fire_at"] == "2030-03-30T01:30:00.000000Z"
-    assert s["next_fire_at_local"].startswith("2030-03-30T02:30:00+01:00")
+    # 2030-03-31 02:30 does not exist in Berlin (clocks jump 02:00 CET -> 03:00 CEST): it
+    # fires once, at the first instant after the gap, 03:00 CEST = 01:00Z.
+    assert s["next_fire_at"] == "2030-03-31T01:00:00.000000Z"
+    assert s["next_fire_at_local"].startswith("2030-03-31T03:00:00+02:00")
     raw = t.orbit("schedules", "get", "nightly", "--json").stdout
     assert '"payload":{"rate": 0.10}' in raw
 
     same = loads(t.orbit("schedules", "put", "nightly", "--queue", "reports", "--kind", "report",
                          "--cron", "30 2 * * *", "--timezone", "Europe/Berlin",
-                         "--payload", '{"rate": 0.10}', "--start-at", "2030-03-29T00:00:00Z",
+                         "--payload", '{"rate": 0.10}', "--start-at", "2030-03-30T12:00:00Z",
                          "--json"))  # fmt: skip
     v2 = loads(t.orbit("schedules", "put", "nightly", "--queue", "reports", "--kind", "report",
                        "--cron", "0 3 * * *", "--timezone", "Europe/Berlin", "--json"))  # fmt: skip

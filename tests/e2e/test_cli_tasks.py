@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -196,6 +197,12 @@ def test_tail_follows_new_events_as_ndjson(t: CliTenant) -> None:
     human = t.orbit("events", "tail", "--after-seq", "1", "--count", "2")
     lines = human.stdout.splitlines()
     assert lines[0].split()[:3] == ["SEQ", "CREATED_AT", "TYPE"] and len(lines) == 3
+
+    endless = t.popen("events", "tail", "--json", "--interval", "0.2")
+    assert endless.stdout is not None
+    assert json.loads(endless.stdout.readline())["seq"] == 1  # it is following
+    endless.send_signal(signal.SIGINT)  # Ctrl-C is how a tail ends: exit 0
+    assert endless.wait(30) == 0
 
 
 def test_queue_limited_key_and_namespace_choice(t: CliTenant) -> None:

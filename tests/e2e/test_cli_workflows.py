@@ -52,7 +52,9 @@ def test_publish_start_signal_history(t: CliTenant, tmp_path: Path) -> None:
     assert loads(t.orbit("workflows", "publish", "orders", "--file", str(f), "--json"))["unchanged"]
     text = t.orbit("workflows", "get", "orders", "--version", "1", "--definition").stdout
     assert text.strip() == DEFINITION.strip()  # byte for byte
-    versions = loads(t.orbit("workflows", "get", "orders", "--json"))
+    wf = loads(t.orbit("workflows", "get", "orders", "--json"))
+    assert wf["latest_version"] == 1 and [v["version"] for v in wf["versions"]] == [1]
+    versions = loads(t.orbit("workflows", "get", "orders", "--all", "--json"))
     assert [v["version"] for v in versions["items"]] == [1]
     assert "latest_version  1" in t.orbit("workflows", "get", "orders").stdout
     assert loads(t.orbit("workflows", "list", "--json"))["items"][0]["name"] == "orders"

@@ -505,6 +505,7 @@ async def test_dedup_rule_and_missing_queue(sdb: Database) -> None:
         "queue_not_found",
         None,
     )
+    assert last["skipped_count"] == 1 and last["covered_until"] == last["fire_at"] + US
 
 
 async def test_occurrence_list_pages_newest_first_with_filters(sdb: Database) -> None:
@@ -529,3 +530,23 @@ async def test_occurrence_list_pages_newest_first_with_filters(sdb: Database) ->
                                          cursor=page["next_cursor"])  # fmt: skip
     with pytest.raises(InvalidRequest):
         await schedules.list_occurrences(sdb, t.namespace_id, s, outcome="late")
+
+
+async def test_more_versions_than_one_load_are_caught_up_in_order(sdb: Database) -> None:
+    """55 versions published while the scheduler was down (more than one load of versions,
+    pulse.scheduler.VERSION_WINDOW): every fire time keeps the version of its segment."""
+    t = await tenant(sdb)
+    s = name()
+    versions = 55
+    assert versions > scheduler_mod.VERSION_WINDOW
+    for i in range(1, versions + 1):
+        view = await put(sdb, t, s, now=T0 + timedelta(minutes=i - 1), every_ms=30_000,
+                         catchup_window_ms=86_400_000, task={"kind": f"k{i}"})  # fmt: skip
+        assert view["version"] == i
+    stats = await run(sdb, T0 + timedelta(minutes=60))
+    assert stats.errors == 0
+    occ = await occurrences(sdb, t, s)
+    expected = [(T0 + k * timedelta(seconds=30), min(versions, k // 2 + 1)) for k in range(121)]
+    assert [(o["fire_at"], o["version"]) for o in occ] == expected
+    kinds = {x["id"]: x["kind"] for x in await schedule_tasks(sdb, t)}
+    assert all(kinds[o["task_id"]] == f"k{o['version']}" for o in occ)

@@ -102,33 +102,38 @@ async def test_restarts_fire_exactly_the_time_line(
     end = max(end, first[k - 1])
     switch = data.draw(st.booleans(), "switch")
 
-    s = name()
-    await put(sdb, t, s, now=created, **_fields(kind, spec, zone))
-    points = sorted(
-        data.draw(st.lists(st.datetimes(min_value=created, max_value=end), max_size=5), "restarts")
-    )
-    published: datetime | None = None
-    kind2, spec2 = "cron", data.draw(exprs, "spec2")
-    for p in [*points, end]:
-        batch = data.draw(st.integers(1, 8), "batch")
-        await Scheduler(sdb, now=p, batch=batch).run_once()
-        if switch and published is None and data.draw(st.booleans(), "publish_now"):
-            view = await put(sdb, t, s, now=p, **_fields(kind2, spec2, zone))
-            if view["version"] == 2:  # (an identical version is a no-op)
-                published = datetime.fromisoformat(view["published_at"].replace("Z", ""))
-    await Scheduler(sdb, now=end).run_once()
+    quiesce(sched_dsn)  # whatever an earlier (failed) example left behind
+    try:
+        s = name()
+        await put(sdb, t, s, now=created, **_fields(kind, spec, zone))
+        points = sorted(
+            data.draw(
+                st.lists(st.datetimes(min_value=created, max_value=end), max_size=5), "restarts"
+            )
+        )
+        published: datetime | None = None
+        kind2, spec2 = "cron", data.draw(exprs, "spec2")
+        for p in [*points, end]:
+            batch = data.draw(st.integers(1, 8), "batch")
+            assert (await Scheduler(sdb, now=p, batch=batch).run_once()).errors == 0
+            if switch and published is None and data.draw(st.booleans(), "publish_now"):
+                view = await put(sdb, t, s, now=p, **_fields(kind2, spec2, zone))
+                if view["version"] == 2:  # (an identical version is a no-op)
+                    published = datetime.fromisoformat(view["published_at"].replace("Z", ""))
+        assert (await Scheduler(sdb, now=end).run_once()).errors == 0
 
-    v1 = _timing(kind, spec, zone)
-    upto = end + ONE_US
-    if published is None:
-        expected = [(f, 1) for f in v1.fires(created, upto)]
-    else:
-        v2 = _timing(kind2, spec2, zone)
-        expected = [(f, 1) for f in v1.fires(created, min(published, upto))]
-        expected += [(f, 2) for f in v2.fires(published, upto)]
-    occ = await occurrences(sdb, t, s)
-    assert [(o["fire_at"], o["version"]) for o in occ] == expected
-    assert all(o["outcome"] == "created" and o["task_id"] is not None for o in occ)
-    tasks = {x["source_id"]: x for x in await schedule_tasks(sdb, t)}
-    assert all(tasks[o["id"]]["id"] == o["task_id"] for o in occ)
-    quiesce(sched_dsn)
+        v1 = _timing(kind, spec, zone)
+        upto = end + ONE_US
+        if published is None:
+            expected = [(f, 1) for f in v1.fires(created, upto)]
+        else:
+            v2 = _timing(kind2, spec2, zone)
+            expected = [(f, 1) for f in v1.fires(created, min(published, upto))]
+            expected += [(f, 2) for f in v2.fires(published, upto)]
+        occ = await occurrences(sdb, t, s)
+        assert [(o["fire_at"], o["version"]) for o in occ] == expected
+        assert all(o["outcome"] == "created" and o["task_id"] is not None for o in occ)
+        tasks = {x["source_id"]: x for x in await schedule_tasks(sdb, t)}
+        assert all(tasks[o["id"]]["id"] == o["task_id"] for o in occ)
+    finally:
+        quiesce(sched_dsn)

@@ -1,13 +1,21 @@
 """Helpers for the reliability suite: real ``orbit-server`` processes with captured logs,
 tenants made through the real CLI, error-body and database-fingerprint checks, process RSS.
 
-    from reliability_support import OrbitServer, cli_tenant, assert_error_body, fingerprint
+    from reliability_support import OrbitServer, cli_tenant, assert_error_body, Fingerprint
 
 Everything here talks to real processes and the real database (never mocks).
+
+Fixtures live here too (no conftest.py in this folder: a second ``conftest`` module would
+shadow tests/conftest.py for tests that ``import conftest`` lazily). A test module takes
+them with a redundant alias, e.g. ``from reliability_support import server as server``.
+Figures measured by the tests (operations, faults injected, anomalies) are appended as JSON
+lines to ``.orbit/reliability/figures.jsonl`` (:func:`record_figures`) so
+reports/reliability.md can be refreshed from a run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,13 +24,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pymysql
+import pytest
 
 from orbit.storage import DSN
 
@@ -232,39 +241,68 @@ def query(dsn: DSN, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
 
 def orbit_tables(dsn: DSN) -> dict[str, bool]:
     """Every Orbit base table → whether it has a ``revision`` column."""
+    return {t: "revision" in cols for t, cols in orbit_table_columns(dsn).items()}
+
+
+def orbit_table_columns(dsn: DSN) -> dict[str, set[str]]:
+    """Every Orbit base table → its column names."""
     rows = query(
         dsn,
-        "SELECT t.TABLE_NAME, SUM(c.COLUMN_NAME = 'revision') FROM information_schema.TABLES t"
-        " JOIN information_schema.COLUMNS c ON c.TABLE_SCHEMA = t.TABLE_SCHEMA"
-        " AND c.TABLE_NAME = t.TABLE_NAME WHERE t.TABLE_SCHEMA = %s AND t.TABLE_TYPE = 'BASE TABLE'"
-        " AND (t.TABLE_NAME LIKE 'orbit\\_%%' OR t.TABLE_NAME LIKE 'pulse\\_%%'"
-        " OR t.TABLE_NAME LIKE 'weave\\_%%') GROUP BY t.TABLE_NAME",
+        "SELECT c.TABLE_NAME, c.COLUMN_NAME FROM information_schema.COLUMNS c"
+        " JOIN information_schema.TABLES t ON t.TABLE_SCHEMA = c.TABLE_SCHEMA"
+        " AND t.TABLE_NAME = c.TABLE_NAME WHERE c.TABLE_SCHEMA = %s AND t.TABLE_TYPE = 'BASE TABLE'"
+        " AND (c.TABLE_NAME LIKE 'orbit\\_%%' OR c.TABLE_NAME LIKE 'pulse\\_%%'"
+        " OR c.TABLE_NAME LIKE 'weave\\_%%')",
         (dsn.database,),
     )
-    return {str(name): bool(has_rev) for name, has_rev in rows}
+    out: dict[str, set[str]] = {}
+    for table, column in rows:
+        out.setdefault(str(table), set()).add(str(column))
+    return out
 
 
 class Fingerprint:
-    """Row count and revision sum of every Orbit table, in one round trip.
+    """Row count and revision sum of every Orbit table, in one round trip (one SELECT per
+    table in a multi-statement query: no UNION temp table).
 
-    ``exclude`` drops tables that legitimately change on a rejected request (the audit log
-    records denials and conflicts by design).
+    ``application_id`` (hex) scopes it to one tenant: rows of tables with a
+    ``namespace_id`` column count only in that application's namespaces, rows of tables
+    with an ``application_id`` column only for it; other tables count whole. Background
+    work of *other* tenants (recovery expiring their sessions, ...) then cannot look like a
+    change. ``exclude`` drops tables that legitimately change on a rejected request (the
+    audit log records denials and conflicts by design).
     """
 
-    def __init__(self, dsn: DSN, exclude: Sequence[str] = ()) -> None:
+    def __init__(self, dsn: DSN, exclude: Sequence[str] = (), application_id: str | None = None) -> None:
+        from pymysql.constants import CLIENT
+
         self.dsn = dsn
-        tables = {t: rev for t, rev in orbit_tables(dsn).items() if t not in exclude}
-        parts = [
-            f"SELECT '{t}', COUNT(*), {'COALESCE(SUM(revision), 0)' if rev else '0'} FROM `{t}`"
-            for t, rev in sorted(tables.items())
-        ]
-        self.sql = " UNION ALL ".join(parts)
-        self.conn = connect(dsn)
+        parts = []
+        for t, cols in sorted(orbit_table_columns(dsn).items()):
+            if t in exclude:
+                continue
+            rev = "COALESCE(SUM(revision), 0)" if "revision" in cols else "0"
+            where = ""
+            if application_id is not None and "namespace_id" in cols:
+                where = (" WHERE namespace_id IN (SELECT id FROM orbit_namespaces"
+                         f" WHERE application_id = UNHEX('{application_id}'))")  # fmt: skip
+            elif application_id is not None and "application_id" in cols:
+                where = f" WHERE application_id = UNHEX('{application_id}')"
+            parts.append(f"SELECT '{t}', COUNT(*), {rev} FROM `{t}`{where}")
+        self.sql = ";\n".join(parts)
+        self.conn = pymysql.connect(autocommit=True, charset="utf8mb4",
+                                    client_flag=CLIENT.MULTI_STATEMENTS, **dsn.connect_kwargs())  # fmt: skip
 
     def take(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
         with self.conn.cursor() as cur:
             cur.execute(self.sql)
-            return {str(t): (int(n), int(r)) for t, n, r in cur.fetchall()}
+            while True:
+                for t, n, r in cur.fetchall():
+                    out[str(t)] = (int(n), int(r))
+                if not cur.nextset():
+                    break
+        return out
 
     def close(self) -> None:
         self.conn.close()
@@ -283,8 +321,128 @@ def kill_connections_of(dsn: DSN, user_like: str = "%", info_like: str = "%") ->
         (dsn.database, user_like, info_like),
     )
     for (pid,) in rows:
-        try:
+        with contextlib.suppress(pymysql.MySQLError):
             query(dsn, f"KILL CONNECTION {int(pid)}")
-        except pymysql.MySQLError:
-            pass
     return len(rows)
+
+
+# --- worker protocol (sync clients) -----------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """A worker session made over HTTP (``POST .../workers/sessions``)."""
+
+    namespace: str
+    session_id: str
+    token: str
+
+    def stream_path(self) -> str:
+        return f"/v1/namespaces/{self.namespace}/workers/sessions/{self.session_id}/stream"
+
+
+def open_session(base: str, t: CliTenant, queues: Sequence[str], max_concurrency: int = 4) -> Session:
+    body = {"instance": {"host": "reliability", "pid": os.getpid(), "sdk": "tests"},
+            "queues": list(queues), "max_concurrency": max_concurrency}  # fmt: skip
+    r = httpx.post(f"{base}/v1/namespaces/{t.namespace}/workers/sessions", json=body,
+                   headers=t.auth, timeout=30)  # fmt: skip
+    assert r.status_code == 201, r.text
+    j = r.json()
+    return Session(t.namespace, j["session_id"], j["session_token"])
+
+
+def ws_connect(server: OrbitServer, s: Session, **kw: Any) -> Any:
+    """A sync ``websockets`` client on the session's stream."""
+    from websockets.sync.client import connect as ws_sync_connect
+
+    return ws_sync_connect(
+        server.ws_url + s.stream_path(),
+        additional_headers={"Authorization": f"Bearer {s.token}"},
+        open_timeout=10, max_size=None, legacy=True, **kw,
+    )  # fmt: skip
+
+
+def recv_json(ws: Any, want: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    """The next JSON frame (of type ``want``, skipping others) within ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no {want or 'frame'} within {timeout}s")
+        frame = json.loads(ws.recv(timeout=left))
+        if want is None or frame.get("type") == want:
+            return frame  # type: ignore[no-any-return]
+
+
+def submit(base: str, t: CliTenant, queue: str = "default", **fields: Any) -> dict[str, Any]:
+    body = {"queue": queue, "kind": "k", "payload": {"n": 1}, **fields}
+    r = httpx.post(f"{base}/v1/namespaces/{t.namespace}/tasks", json=body, headers=t.auth,
+                   timeout=30)  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def get_task(base: str, t: CliTenant, task_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/v1/namespaces/{t.namespace}/tasks/{task_id}", headers=t.auth, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def run_task_over_ws(server: OrbitServer, t: CliTenant, queue: str = "default",
+                     result: Any = None, within: float = 15.0) -> dict[str, Any]:  # fmt: skip
+    """Submit one task, take it on a fresh session's stream, start and complete it; return
+    the final task (asserts the whole happy path)."""
+    s = open_session(server.url, t, [queue])
+    task = submit(server.url, t, queue)
+    with ws_connect(server, s) as ws:
+        offer = recv_json(ws, "offer", within)
+        while offer["task"]["id"] != task["id"]:
+            offer = recv_json(ws, "offer", within)
+        ws.send(json.dumps({"type": "start", "msg_id": "s1", "attempt_id": offer["attempt_id"]}))
+        started = recv_json(ws, "started", within)
+        ws.send(json.dumps({"type": "complete", "msg_id": "c1", "attempt_id": offer["attempt_id"],
+                            "execution_token": started["execution_token"],
+                            "result": result if result is not None else {"ok": True}}))  # fmt: skip
+        receipt = recv_json(ws, "receipt", within)
+        assert receipt["outcome"] == "applied" and receipt["task_state"] == "SUCCEEDED"
+    final = get_task(server.url, t, task["id"])
+    assert final["state"] == "SUCCEEDED"
+    return final
+
+
+# --- fixtures and figures -----------------------------------------------------------------------
+
+FIGURES = ROOT / ".orbit" / "reliability" / "figures.jsonl"
+
+
+def record_figures(name: str, **figures: Any) -> None:
+    """Append one JSON line of measured figures for reports/reliability.md."""
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    with FIGURES.open("a") as f:
+        f.write(json.dumps({"scenario": name, "at": time.time(), **figures}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("orbit-logs")
+
+
+@pytest.fixture(scope="module")
+def server(dsn: DSN, log_dir: Path) -> Iterator[OrbitServer]:
+    """One real orbit-server for a test module. Worker sessions live 10 minutes without a
+    heartbeat so nothing expires in the background while a test compares database states."""
+    s = OrbitServer(dsn, log_dir, env={"ORBIT_PULSE_SESSION_LEASE_MS": "600000"})
+    s.start()
+    try:
+        yield s
+    finally:
+        code = s.stop()
+        assert code == 0, f"orbit-server exited {code}: {s.logs()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def fuzz_tenant(server: OrbitServer, dsn: DSN) -> CliTenant:
+    """A tenant with a ``default`` queue, made through the CLI and the HTTP API."""
+    t = cli_tenant(dsn)
+    put_queue(server.url, t, "default")
+    return t

@@ -5,13 +5,14 @@ Expected behaviour, for every request a fuzzer can make with a valid key:
 * never a 5xx other than ``503 not_ready`` (which must carry ``Retry-After``);
 * every error is ``{"error": {"code", "message", "details"}}`` with a snake_case code;
 * a rejected request (4xx) changes no row of any Orbit table (row counts and revision sums
-  of every table compared before/after), except the audit log, which records denials and
-  conflicts by design.
+  of every table compared before/after, scoped to the fuzzing tenant's application and
+  namespaces so other tenants' background recovery cannot interfere), except the audit
+  log, which records denials and conflicts by design.
 
 Two generators: schemathesis (schema-aware, positive and negative cases) when it is
 installed, and a small Hypothesis generator over the OpenAPI document (random JSON bodies,
 query strings and path segments) that always runs. Bounded by ``ORBIT_FUZZ_EXAMPLES``
-(examples per operation; default 12 for schemathesis, 6 for the raw generator).
+(examples per operation; default 6 for schemathesis, 3 for the raw generator).
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from urllib.parse import quote
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
-from conftest import record_figures
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from reliability_support import (
@@ -35,14 +35,18 @@ from reliability_support import (
     OrbitServer,
     diff,
     error_body_problem,
+    record_figures,
 )
+from reliability_support import fuzz_tenant as fuzz_tenant
+from reliability_support import log_dir as log_dir
+from reliability_support import server as server  # fixtures
 
 from orbit.storage import DSN
 
 pytestmark = pytest.mark.process
 
-EXAMPLES = int(os.environ.get("ORBIT_FUZZ_EXAMPLES", "12"))
-RAW_EXAMPLES = max(2, EXAMPLES // 2)
+EXAMPLES = int(os.environ.get("ORBIT_FUZZ_EXAMPLES", "6"))
+RAW_EXAMPLES = max(3, EXAMPLES // 2)
 #: Tables a rejected request may legitimately write (denials and conflicts are audited).
 REJECTION_MAY_WRITE = ("orbit_audit_events",)
 
@@ -53,6 +57,8 @@ class FuzzLog:
     rejected: int = 0
     by_status: dict[int, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: Accepted requests whose change the fingerprint saw (proves it can see one).
+    changed_on_success: int = 0
 
     def check(self, method: str, path: str, status: int, body: bytes, ctype: str | None,
               headers: Any, before: dict[str, Any], after: dict[str, Any]) -> None:  # fmt: skip
@@ -64,6 +70,8 @@ class FuzzLog:
         problem = error_body_problem(status, body, ctype)
         if problem:
             self.problems.append(f"{where}: malformed error body ({problem}) {body[:200]!r}")
+        if status < 300 and diff(before, after):
+            self.changed_on_success += 1
         if 400 <= status < 500:
             self.rejected += 1
             changed = diff(before, after)
@@ -84,7 +92,7 @@ def test_schemathesis_every_operation(server: OrbitServer, fuzz_tenant: CliTenan
 
     doc = httpx.get(server.url + "/openapi.json").json()
     schema = schemathesis.openapi.from_dict(doc)
-    fp = Fingerprint(dsn, exclude=REJECTION_MAY_WRITE)
+    fp = Fingerprint(dsn, exclude=REJECTION_MAY_WRITE, application_id=fuzz_tenant.application_id)
     log = FuzzLog()
     started = time.monotonic()
     operations = 0
@@ -97,7 +105,7 @@ def test_schemathesis_every_operation(server: OrbitServer, fuzz_tenant: CliTenan
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 try:
                     strategies.append(op.as_strategy(mode, path_parameters=pinned))
-                except Exception:  # noqa: BLE001 - nothing to negate for this operation
+                except Exception:
                     continue
             operations += 1
 
@@ -116,11 +124,12 @@ def test_schemathesis_every_operation(server: OrbitServer, fuzz_tenant: CliTenan
     finally:
         fp.close()
     record_figures("hostile_http_schemathesis", operations=operations, requests=log.requests,
-                   rejected=log.rejected, by_status=log.by_status, anomalies=len(log.problems),
+                   rejected=log.rejected, changed_on_success=log.changed_on_success, by_status=log.by_status, anomalies=len(log.problems),
                    seconds=round(time.monotonic() - started, 1))  # fmt: skip
     assert server.alive()
     assert not log.problems, "\n".join(log.problems[:30])
     assert operations == sum(len(v) for v in doc["paths"].values())
+    assert log.changed_on_success > 0  # the fingerprint does see writes
 
 
 # --- a schema-blind generator over the same document (no extra dependency) -------------------
@@ -151,10 +160,34 @@ def test_schema_blind_fuzz_every_operation(server: OrbitServer, fuzz_tenant: Cli
     """Random JSON, bytes, over-deep arrays, odd path segments and query strings on every
     operation of the document: the same three expectations as above."""
     doc = httpx.get(server.url + "/openapi.json").json()
-    fp = Fingerprint(dsn, exclude=REJECTION_MAY_WRITE)
+    fp = Fingerprint(dsn, exclude=REJECTION_MAY_WRITE, application_id=fuzz_tenant.application_id)
     log = FuzzLog()
     fixed = _fixed_params(fuzz_tenant)
     client = httpx.Client(base_url=server.url, timeout=30)
+
+    def _one_request(path: str, method: str) -> Callable[..., None]:
+        def run_one(segments: dict[str, str], query: dict[str, str], body: bytes | None,
+                    pin_ns: bool) -> None:  # fmt: skip
+            values = dict(segments)
+            if pin_ns:
+                values.update({k: v for k, v in fixed.items() if k in segments})
+            url = path
+            for n, v in values.items():
+                url = url.replace("{" + n + "}", quote(v, safe="") or "x")
+            headers = dict(fuzz_tenant.auth)
+            if body is not None:
+                headers["content-type"] = "application/json"
+            before = fp.take()
+            try:
+                r = client.request(method, url, params=query, content=body, headers=headers)
+            except httpx.InvalidURL:
+                return
+            after = fp.take()
+            log.check(method, url, r.status_code, r.content, r.headers.get("content-type"),
+                      r.headers, before, after)  # fmt: skip
+
+        return run_one
+
     try:
         for path, ops in doc["paths"].items():
             for method, op in ops.items():
@@ -165,28 +198,10 @@ def test_schema_blind_fuzz_every_operation(server: OrbitServer, fuzz_tenant: Cli
                                      st.text(max_size=30), max_size=3)  # fmt: skip
                 pin = st.booleans()
 
-                def run_one(segments: dict[str, str], query: dict[str, str], body: bytes | None,
-                            pin_ns: bool, _path: str = path, _method: str = method) -> None:  # fmt: skip
-                    values = {**segments, **({k: v for k, v in fixed.items() if k in segments} if pin_ns else {})}
-                    url = _path
-                    for n, v in values.items():
-                        url = url.replace("{" + n + "}", quote(v, safe="") or "x")
-                    headers = dict(fuzz_tenant.auth)
-                    if body is not None:
-                        headers["content-type"] = "application/json"
-                    before = fp.take()
-                    try:
-                        r = client.request(_method, url, params=query, content=body, headers=headers)
-                    except httpx.InvalidURL:
-                        return
-                    after = fp.take()
-                    log.check(_method, url, r.status_code, r.content, r.headers.get("content-type"),
-                              r.headers, before, after)  # fmt: skip
-
                 runner: Callable[..., None] = settings(
                     max_examples=RAW_EXAMPLES, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck), phases=[Phase.generate],
-                )(given(seg, qs, _body_for(op), pin)(run_one))  # fmt: skip
+                )(given(seg, qs, _body_for(op), pin)(_one_request(path, method)))  # fmt: skip
                 runner()
     finally:
         client.close()
@@ -196,3 +211,33 @@ def test_schema_blind_fuzz_every_operation(server: OrbitServer, fuzz_tenant: Cli
     assert server.alive()
     assert not log.problems, "\n".join(log.problems[:30])
     assert log.requests >= RAW_EXAMPLES * 10
+
+
+# --- regressions found by the fuzzers ---------------------------------------------------------
+
+
+def test_non_ascii_digits_are_400_not_500(server: OrbitServer, fuzz_tenant: CliTenant) -> None:
+    """``"²".isdigit()`` is true but ``int("²")`` raises: found by the schema-blind fuzzer as
+    a 500 on ``?limit=²`` (orbit/pagination.py). The same guard now covers Content-Length
+    (orbit/http/middleware.py) and If-Match tags (orbit/preconditions.py)."""
+    ns = f"{server.url}/v1/namespaces/{fuzz_tenant.namespace}"
+    for url in (f"{ns}/events?limit=%C2%B2", f"{ns}/tasks?limit=%D9%A3", f"{ns}/queues?limit=%C2%B2"):
+        r = httpx.get(url, headers=fuzz_tenant.auth)
+        assert r.status_code == 400 and r.json()["error"]["details"]["field"] == "limit", r.text
+    r = httpx.put(f"{ns}/queues/default", json={},
+                  headers={**fuzz_tenant.auth, "If-Match": '"²"'.encode("latin-1")})  # fmt: skip
+    assert r.status_code == 412, r.text
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"POST /v1/namespaces/x/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n")
+        head = s.recv(200)
+    assert not head.startswith(b"HTTP/1.1 500"), head
+
+
+@pytest.mark.xfail(strict=True, reason="weave/http/definitions.py get_version: "
+                   "'²'.isdigit() passes the guard and int('²') raises -> 500 (owner: Weave)")  # fmt: skip
+def test_non_ascii_workflow_version_is_404(server: OrbitServer, fuzz_tenant: CliTenant) -> None:
+    r = httpx.get(f"{server.url}/v1/namespaces/{fuzz_tenant.namespace}/workflows/wf/versions/%C2%B2",
+                  headers=fuzz_tenant.auth)  # fmt: skip
+    assert r.status_code == 404, r.text

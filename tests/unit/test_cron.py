@@ -30,7 +30,7 @@ from pulse.cron import (
 )
 
 UTC_ZONE = load_zone("UTC")
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ---------------------------------------------------------------------------- generators
 

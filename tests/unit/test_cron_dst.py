@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pulse import cron as cron_mod
 from pulse.cron import CronExpr, CronTiming, load_zone, local_text, zone_names
 
-PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def fires_local(expr: str, zone: str, a: datetime, b: datetime) -> list[str]:
