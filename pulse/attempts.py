@@ -43,7 +43,7 @@ from orbit.ids import digest, digest_matches, id_hex, new_id, new_secret, parse_
 from orbit.storage import Database, Tx
 from orbit.store.events import clock_now
 from orbit.times import format_opt, format_time
-from pulse import transitions, wire
+from pulse import permits, transitions, wire
 from pulse.errors import AttemptNotFound
 from pulse.store import attempts as store
 from pulse.store import queues as queue_store
@@ -55,7 +55,7 @@ Change = tuple[Row, str, Mapping[str, Any] | None]
 
 # Start denial reasons (``start_denied.reason``; docs/api/workers.md).
 DENY_NOT_FOUND = "not_found"  # no such attempt in this namespace, or another session's
-DENY_ALREADY_STARTED = "already_started"  # started before (the token is shown only once)
+DENY_ALREADY_STARTED = "already_started"  # RUNNING, but its lease passed or the task moved on
 DENY_NOT_OFFERED = "not_offered"  # released, finished or lost
 DENY_OFFER_EXPIRED = "offer_expired"  # the offer's lease passed before start
 DENY_NOT_CURRENT = "not_current"  # the task moved on (cancelled, re-offered)
@@ -218,11 +218,19 @@ def _is_current(task: Mapping[str, Any], attempt: Mapping[str, Any]) -> bool:
 
 
 async def release_offer(
-    tx: Tx, namespace_id: bytes, task: Row, attempt: Row, now: datetime, reason: str
+    tx: Tx,
+    namespace_id: bytes,
+    task: Row,
+    attempt: Row,
+    now: datetime,
+    reason: str,
+    *,
+    available_at: datetime | None = None,
 ) -> list[Change]:
     """OFFERED → RELEASED; the task, when leased to it, goes back to WAITING (attempts
-    unchanged: nothing ran). Returns the task change to record (empty when the task had
-    already moved on)."""
+    unchanged: nothing ran), not dispatched before ``available_at`` when given (a full
+    start-rate window). Returns the task change to record (empty when the task had already
+    moved on)."""
     released = await store.attempt_release_if_offered(
         tx,
         {
@@ -237,29 +245,27 @@ async def release_offer(
         return []
     if not (task["state"] == "LEASED" and task["current_attempt_id"] == attempt["id"]):
         return []
-    ok = await store.task_release_if_leased(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": task["id"],
-            "attempt_id": attempt["id"],
-            "now": now,
-            "revision": task["revision"],
-        },
-    )
+    params = {
+        "namespace_id": namespace_id,
+        "id": task["id"],
+        "attempt_id": attempt["id"],
+        "now": now,
+        "revision": task["revision"],
+    }
+    if available_at is None:
+        ok = await store.task_release_if_leased(tx, params)
+    else:
+        ok = await store.task_release_until_if_leased(tx, {**params, "available_at": available_at})
     if not ok:  # pragma: no cover - the task row is locked
         raise Conflict("task changed while locked", kind="task_state")
     await transitions.adjust_usage(
         tx, namespace_id, task["queue_id"], reservations=-1, owner_id=task["owner_id"]
     )
     after = await _reselect(tx, namespace_id, task["id"])
-    return [
-        (
-            after,
-            transitions.EVENT_RELEASED,
-            {"released_attempt_id": id_hex(attempt["id"]), "reason": reason},
-        )
-    ]
+    data: dict[str, Any] = {"released_attempt_id": id_hex(attempt["id"]), "reason": reason}
+    if available_at is not None:
+        data["available_at"] = format_time(available_at)
+    return [(after, transitions.EVENT_RELEASED, data)]
 
 
 async def lose_running(
@@ -269,8 +275,10 @@ async def lose_running(
 
     Evidence ``lost`` is recorded. The task (when this attempt is its current one):
     a cancel was requested → CANCELLED if ``retry_safe`` else NEEDS_REVIEW; otherwise
-    ``retry_safe`` with attempts left → WAITING after the backoff; else NEEDS_REVIEW with
-    ``effect_uncertain = 1``.
+    ``retry_safe`` with attempts left → WAITING after the backoff; ``retry_safe`` with none
+    left (a poison task that kills its worker every time) → FAILED ``attempts_exhausted``
+    (its effect is idempotent, so nothing is uncertain: ``effect_uncertain`` stays 0); not
+    ``retry_safe`` → NEEDS_REVIEW with ``effect_uncertain = 1``.
     """
     error = {"type": "attempt_lost", "reason": reason, "generation": int(attempt["generation"])}
     finished = await store.attempt_finish_if_running(
@@ -313,10 +321,20 @@ async def lose_running(
     retry_safe = bool(task["retry_safe"])
     attempts = int(task["attempts"])
     message = f"attempt {attempts} was lost ({reason}); its effect is uncertain"
+    error: dict[str, Any] = {"type": "attempt_lost", "message": message, "reason": reason}
     if task["cancel_requested"]:
         state = "CANCELLED" if retry_safe else "NEEDS_REVIEW"
     elif retry_safe and attempts < int(task["max_attempts"]):
         state = "WAITING"
+    elif retry_safe:
+        state = "FAILED"
+        error = {
+            "type": "attempts_exhausted",
+            "message": f"all {attempts} attempts were used up; attempt {attempts} was lost"
+            f" ({reason}) — its worker stopped before reporting",
+            "reason": reason,
+            "lost_attempt_id": id_hex(attempt["id"]),
+        }
     else:
         state = "NEEDS_REVIEW"
     available_at = now + _ms(backoff_ms(task, attempts)) if state == "WAITING" else None
@@ -327,7 +345,7 @@ async def lose_running(
         attempt,
         now,
         state=state,
-        error={"type": "attempt_lost", "message": message, "reason": reason},
+        error=error,
         available_at=available_at,
         effect_uncertain=state == "NEEDS_REVIEW",
     )
@@ -335,6 +353,7 @@ async def lose_running(
         "WAITING": transitions.EVENT_RETRY_SCHEDULED,
         "CANCELLED": transitions.EVENT_CANCELLED,
         "NEEDS_REVIEW": transitions.EVENT_NEEDS_REVIEW,
+        "FAILED": transitions.EVENT_FAILED,
     }[state]
     after = await _reselect(tx, namespace_id, task["id"])
     data: dict[str, Any] = {"lost_attempt_id": id_hex(attempt["id"]), "reason": reason}
@@ -356,7 +375,8 @@ async def _end_run(
     available_at: datetime | None = None,
     effect_uncertain: bool = False,
 ) -> None:
-    """Move a RUNNING task off its attempt and adjust the usage counters to match."""
+    """Move a RUNNING task off its attempt and adjust the usage counters to match; the
+    attempt's permits are released (queue: ``active_attempts``; key: :mod:`pulse.permits`)."""
     terminal = state in transitions.TERMINAL_STATES
     ok = await store.task_end_run_if_running(
         tx,
@@ -386,15 +406,12 @@ async def _end_run(
         active=active,
         owner_id=task["owner_id"],
     )
+    await permits.release_many(
+        tx, namespace_id, [(attempt["id"], task.get("concurrency_key_digest"))], now
+    )
 
 
 # -- start -----------------------------------------------------------------------------------
-
-#: Grants made so far in the current start batch, per (queue id, owner id): usage counters are
-#: updated once per batch with the summed deltas, so a quota check for a later item of the
-#: batch must add these to the locked rows' counters.
-PendingGrants = Mapping[tuple[bytes, bytes], int]
-
 
 async def _authorise_resources(
     tx: Tx,
@@ -403,20 +420,16 @@ async def _authorise_resources(
     attempt: Row,
     now: datetime,
     *,
-    pending: PendingGrants | None = None,
-) -> tuple[str | None, int | None]:
-    """Resource checks of the start transaction: (deny reason or None, concurrency token).
-
-    This is where issue 5 plugs in, inside the same transaction and after the locks above:
-    application quotas (active attempts, starts per second) and the queue's usage row are
-    already locked by the caller (:func:`start_many`, once per batch); queue permits
-    (max_concurrency), the start-rate window, and the concurrency-key permit (locked last:
-    *permit*) with its fencing token go here. Starts are authorised in batches: the usage
-    rows do not yet include the grants made earlier in the same batch — ``pending`` has them
-    (by queue and owner) and a limit check must count them. Today nothing is limited and
-    keyed tasks get no token.
-    """
-    return None, None
+    budget: permits.StartBudget,
+) -> permits.Decision:
+    """Resource checks of the start transaction (issue 5), after every other check passed:
+    application quota, start-rate windows, queue permits and the concurrency key, judged by
+    ``budget`` (:mod:`pulse.permits`), which counts the grants made earlier in the same
+    batch (the usage rows are only updated, with the summed deltas, at the end). Returns the
+    :class:`~pulse.permits.Decision`: a deny reason, or the grant with its concurrency token
+    (keyed tasks; the key permit row is written here). ``now`` is ``budget.now``."""
+    assert now == budget.now
+    return await budget.authorise(tx, task, attempt)
 
 
 async def start(
@@ -470,11 +483,17 @@ async def start_many(
             return [_denied(id_hex(aid), DENY_NOT_FOUND) for _, aid in items], []
         queue_ids = {p["queue_id"] for p in peeks.values()}
         owner_ids = {p["owner_id"] for p in peeks.values()}
-        if await store.start_limited(tx, namespace_id, list(queue_ids), list(owner_ids)):
-            # A start limit is judged on the usage rows: lock them first (the lock order).
+        keyed = any(p["concurrency_key_digest"] is not None for p in peeks.values())
+        # The usage rows first, always (the lock order; one statement that also tells
+        # whether a start limit is in play): a limit is judged on them, and the summed
+        # deltas go into them at the end. A keyed task's permit row comes last.
+        if keyed:
             await transitions.lock_usage(tx, namespace_id, queue_ids, owner_ids)
-        # Else the usage rows are only *updated*, by the summed deltas at the end (their
-        # locks held from there to COMMIT, briefly, not across the whole batch).
+            limited = True
+        else:
+            limited = await store.usage_lock_for_start(
+                tx, namespace_id, list(queue_ids), list(owner_ids)
+            )
         tasks = await store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()])
         locked = await store.attempt_lock_many(tx, namespace_id, list(peeks), now)
         t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
@@ -486,6 +505,7 @@ async def start_many(
         statements: list[tuple[str, Any]] = []
         granted: list[tuple[int, Row, Row, str, datetime, int | None]] = []
         pending: dict[tuple[bytes, bytes], int] = defaultdict(int)
+        budget: permits.StartBudget | None = None  # opened at the first resource check
         touched: set[bytes] = set()
         for idx, (session_id, attempt_id) in enumerate(items):
             aid = id_hex(attempt_id)
@@ -500,9 +520,14 @@ async def start_many(
                 continue
             assert t is not None
             touched.add(task["id"])
+            if attempt["state"] == "RUNNING":  # a re-sent start (its `started` was lost)
+                out[idx], change = await _restart(
+                    tx, namespace_id, session_id, task, attempt, sessions.get(session_id), t
+                )
+                changes += change
+                continue
             if attempt["state"] != "OFFERED":
-                reason = DENY_ALREADY_STARTED if attempt["state"] == "RUNNING" else DENY_NOT_OFFERED
-                out[idx] = _denied(aid, reason)
+                out[idx] = _denied(aid, DENY_NOT_OFFERED)
                 continue
             deny: str | None = None
             if attempt["lease_expires_at"] <= t:
@@ -524,13 +549,22 @@ async def start_many(
                     changes += await _fail_deadline(tx, namespace_id, task, attempt, t)
                     continue
             concurrency_token: int | None = None
+            not_before: datetime | None = None
             if deny is None:
-                deny, concurrency_token = await _authorise_resources(
-                    tx, namespace_id, task, attempt, t, pending=pending
+                if budget is None:
+                    budget = await permits.open_budget(
+                        tx, namespace_id, tasks.values(), limited=limited, now=t
+                    )
+                decision = await _authorise_resources(
+                    tx, namespace_id, task, attempt, t, budget=budget
                 )
+                deny, concurrency_token = decision.deny, decision.token
+                not_before = decision.not_before
             if deny is not None:
                 out[idx] = _denied(aid, deny)
-                changes += await release_offer(tx, namespace_id, task, attempt, t, deny)
+                changes += await release_offer(
+                    tx, namespace_id, task, attempt, t, deny, available_at=not_before
+                )
                 continue
             lease = t + _ms(int(queues[task["queue_id"]]["lease_ms"]))
             token = "ext_" + new_secret()
@@ -579,6 +613,8 @@ async def start_many(
                 )
                 data = {"session_id": id_hex(items[idx][0]), "generation": generation}
                 changes.append((after, transitions.EVENT_STARTED, data))
+        if budget is not None:
+            await budget.flush(tx)
         await transitions.record_many(tx, namespace_id, changes, now=t)
         return out, deferred
 
@@ -595,6 +631,60 @@ async def start_many(
 
 def _denied(attempt_hex: str, reason: str) -> wire.StartDenied:
     return wire.StartDenied(ref_msg_id=None, attempt_id=attempt_hex, reason=reason)
+
+
+#: Raw event of a re-sent ``start`` that rotated a running attempt's execution token.
+EVENT_START_RESENT = "task.start_resent"
+
+
+async def _restart(
+    tx: Tx,
+    namespace_id: bytes,
+    session_id: bytes,
+    task: Row,
+    attempt: Row,
+    session: Row | None,
+    now: datetime,
+) -> tuple[wire.Started | wire.StartDenied, list[Change]]:
+    """A ``start`` for an attempt that is already RUNNING, from the session that holds it
+    (the caller checked the session): the ``started`` reply was lost in transit, so the
+    worker cannot know its token. When the session is active, the attempt is the task's
+    current generation and its lease has not passed, a NEW execution token replaces the old
+    one (the old one answers ``stale_token`` from now on) and ``started`` is answered again
+    with the same generation, concurrency token (no permit is granted again) and lease.
+    Raw event ``task.start_resent`` records it. Otherwise: ``session_inactive`` or
+    ``already_started`` (its lease passed or the task moved on: recovery decides)."""
+    aid = id_hex(attempt["id"])
+    if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= now:
+        return _denied(aid, DENY_SESSION), []
+    if not _is_current(task, attempt) or attempt["lease_expires_at"] <= now:
+        return _denied(aid, DENY_ALREADY_STARTED), []
+    token = "ext_" + new_secret()
+    ok = await store.attempt_rotate_token_if_running(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": attempt["id"],
+            "session_id": session_id,
+            "token_digest": digest(token),
+            "now": now,
+            "revision": attempt["revision"],
+        },
+    )
+    if not ok:  # pragma: no cover - the attempt row is locked
+        raise Conflict("attempt changed while locked", kind="start")
+    generation = int(attempt["generation"])
+    concurrency = attempt["concurrency_token"]
+    reply = wire.Started(
+        ref_msg_id=None,
+        attempt_id=aid,
+        execution_token=token,
+        generation=generation,
+        concurrency_token=None if concurrency is None else int(concurrency),
+        lease_expires_at=format_time(attempt["lease_expires_at"]),
+    )
+    data = {"session_id": id_hex(session_id), "generation": generation, "token_rotated": True}
+    return reply, [(task, EVENT_START_RESENT, data)]
 
 
 async def _fail_deadline(
@@ -810,8 +900,8 @@ async def report_many(
     :mod:`pulse.batcher`); per item, in order, its receipt or the exception :func:`report`
     would raise (a stale token fails only its own item).
 
-    Lock order as :func:`start_many`: application and queue usage rows once per batch, then
-    the tasks, then the attempts. Each item keeps all of :func:`report`'s checks (token,
+    Lock order (SPEC §1.5): the owners' application rows and the queues' usage rows once
+    per batch (sorted), then the tasks, then the attempts (each in id order). Each item keeps all of :func:`report`'s checks (token,
     receipt replay, lease, current generation); the applied ones are written with one round
     trip of guarded per-row UPDATEs, one of receipts, usage counters once per (queue, owner)
     with the summed deltas, and their raw and result events with one INSERT each and ONE
@@ -835,8 +925,16 @@ async def report_many(
         peeks = await store.attempt_peek_many(tx, namespace_id, [r.attempt_id for r in reports])
         if not peeks:
             return [AttemptNotFound() for _ in reports], []
-        # No limit is judged on a report: the usage rows are only updated, with the summed
-        # deltas, at the end (held from there to COMMIT), after the tasks and attempts.
+        # The lock order (SPEC §1.5): the owners' application rows and the queues' usage
+        # rows first (sorted; their ids were peeked without locks and never change), then
+        # the tasks, then the attempts. The counters are updated at the end with the summed
+        # deltas, on rows this transaction already holds.
+        await transitions.lock_usage(
+            tx,
+            namespace_id,
+            {p["queue_id"] for p in peeks.values()},
+            {p["owner_id"] for p in peeks.values()},
+        )
         tasks = await store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()])
         locked = await store.attempt_lock_many(tx, namespace_id, list(peeks), now)
         receipts = await store.receipt_get_many(tx, namespace_id, list(locked))
@@ -926,6 +1024,11 @@ async def report_many(
                     tx, namespace_id, queue_id, unfinished=unfinished,
                     reservations=reservations, active=active, owner_id=owner_id,
                 )  # fmt: skip
+            # The ended attempts' key permits, last in the lock order (pulse.permits).
+            await permits.release_many(tx, namespace_id, [
+                (reports[i].attempt_id, after.get("concurrency_key_digest"))
+                for i, after, *_ in applied
+            ], t)  # fmt: skip
             await tx.execute_batch(receipt_rows)
             for idx, after, state, event, data, receipt_id in applied:
                 changes.append((after, event, data))

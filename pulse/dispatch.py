@@ -5,25 +5,41 @@ For each session connected to this node that wants offers, one transaction:
 1. lock the session row and check, by the database, that it is ACTIVE, not expired and
    held by this node; count the attempts it holds (OFFERED + RUNNING) —
    ``free = max_concurrency - held`` is the flow-control budget, so a session never holds
-   more than its ``max_concurrency``;
+   more than its ``max_concurrency`` (a full session is counted as dispatch backpressure);
 2. skip queues whose gate (namespace or queue) is closed;
-3. per queue, ``SELECT … FOR UPDATE SKIP LOCKED`` due tasks (``WAITING``, available, not
-   past the deadline, keyed only for sessions that handle keys), ordered by ``dispatch_at``
-   then id, at most ``min(free, batch)``; update them by primary key with their revisions
-   (WAITING → LEASED; one round trip of per-row guarded UPDATEs), insert the OFFERED
-   attempts (generation = attempts + 1, a short offer lease) with one INSERT;
-4. add the reservations to the owners' application rows and the queues' usage rows with the
-   summed deltas (these rows are locked from here to COMMIT only: the dispatcher judges no
-   limit on them, and SKIP LOCKED means it never waits on a task while holding them), write
-   the raw events;
-5. commit — and only then push the offers to the worker (a transaction may be retried; a
+3. per queue, find the owners (applications) with waiting work — an in-memory *hint* per
+   queue, refreshed by walking the owners (one index dive each) every
+   ``owner_refresh_uses`` uses or ``owner_refresh_ms`` (lost on restart: one probe, no harm);
+4. lock, in ONE statement and before any task, the resources rows of the owners in play
+   (the hint's due owners plus the owners it saw recently on the queue) and the usage rows
+   of the session's queues (lock order: application resources → queue → task/attempt →
+   permit); an owner with a reservation quota (``max_reservations``) is offered at most
+   what its quota leaves, judged on its locked row;
+5. claim due tasks (``WAITING``, available, not past the deadline, keyed only for sessions
+   that handle keys and only while the key is not held to its limit; never two tasks with
+   the same key in one batch) with ``SELECT … FOR UPDATE SKIP LOCKED``, in ``dispatch_at``
+   then id order, at most ``min(free, batch)`` per queue: with one owner in play, one
+   queue-wide claim (as before fairness existed); with several, the capacity is split
+   round-robin across the owners (starting from a rotating offset) with one claim per owner,
+   and what an owner could not use goes to the others. A queue-wide claim may return a
+   task of an owner whose row this transaction did not lock (an owner the hint never saw):
+   the transaction rolls back and runs again at once with that owner locked too (at most
+   ``_MAX_RERUNS`` times; the last run leaves such tasks WAITING for the next round);
+6. update the claimed tasks by primary key with their revisions (WAITING → LEASED; one round
+   trip of per-row guarded UPDATEs), insert the OFFERED attempts (generation = attempts + 1,
+   a short offer lease) with one INSERT;
+7. add the reservations to the owners' application rows and the queues' usage rows (all
+   locked in step 4; one round trip), write the raw events;
+8. commit — and only then push the offers to the worker (a transaction may be retried; a
    push cannot be taken back). An offer that never arrives expires and recovery returns the
    task to WAITING.
 
-Concurrent dispatchers (threads, processes, nodes) get disjoint tasks from SKIP LOCKED; the
-guarded UPDATEs and the start transaction's checks mean no task is offered twice at once and
-no attempt starts twice. New work wakes this node's dispatcher at once (Hub.notify_new_work);
-other nodes find it within ``dispatch_poll_ms``.
+Sessions rotate round-robin per node (one round = every connected session once), queues
+rotate per round within a session, owners rotate per queue. Concurrent dispatchers
+(threads, processes, nodes) get disjoint tasks from SKIP LOCKED; the guarded UPDATEs and the
+start transaction's checks mean no task is offered twice at once and no attempt starts
+twice. New work wakes this node's dispatcher at once (Hub.notify_new_work); other nodes find
+it within ``dispatch_poll_ms``. docs/dispatch.md explains the whole picture.
 """
 
 from __future__ import annotations
@@ -33,7 +49,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,11 +59,68 @@ from orbit.storage import Database, Tx
 from pulse import transitions, wire
 from pulse.attempts import Change, now_in_tx
 from pulse.hub import CLOSE_REPLACED, CLOSE_SESSION_GONE, Connection, Hub
-from pulse.store import attempts as store
+from pulse.sessions import QueueRef, SessionInfo
+from pulse.store import attempts as attempt_store
+from pulse.store import dispatch as store
 from pulse.store import queues as queue_store
 from pulse.store import sessions as session_store
 
 log = logging.getLogger("pulse.dispatch")
+
+#: Denial kinds of ``pulse_dispatch_denials_total``.
+DENIAL_SESSION_CAPACITY = "session_capacity"
+DENIAL_RESERVATIONS = "reservations"
+
+#: Most owners one probe of a queue lists (more owners: the next probe continues after the
+#: last one, so they all get turns over successive probes).
+OWNERS_PER_PROBE = 64
+
+#: A hint marked stale is probed again no sooner than this (a queue that keeps running dry
+#: must not cost a probe per dispatch).
+_MIN_REPROBE_MS = 50
+
+#: Re-runs of a dispatch transaction whose queue-wide claim met owners it had not locked
+#: (each re-run locks them too); the last run leaves their tasks for the next round.
+_MAX_RERUNS = 2
+
+#: An owner seen on a queue (by a probe or a claim) stays in the queue's lock set this long
+#: after it was last seen, so a queue whose owner's tasks come one at a time does not cost a
+#: re-run each time it ran dry in between.
+_SEEN_TTL_S = 60.0
+
+Row = dict[str, Any]
+
+
+@dataclass
+class OwnerHint:
+    """What this node believes about one queue's owners (a hint: stale or lost is safe —
+    the claims themselves decide what is due, and the quota is checked under lock)."""
+
+    #: Owners with WAITING tasks → dispatch_at of their first task, at probe time.
+    owners: dict[bytes, datetime]
+    #: Owners that had a ``max_reservations`` at probe time.
+    limited: set[bytes]
+    probed_at: float
+    uses: int = 0
+    #: Rotation offset: which owner gets the first share next time.
+    turn: int = 0
+    #: Set when a claim met an owner the hint did not list: re-probe on next use.
+    stale: bool = False
+    #: Where the next probe continues when a queue has more than OWNERS_PER_PROBE owners.
+    cursor: bytes | None = None
+    #: Owners seen on the queue (probe or claim) → when last seen (monotonic): their rows
+    #: are locked first with the due owners' (a queue-wide claim may return their tasks).
+    seen: dict[bytes, float] = field(default_factory=dict)
+
+    def lock_set(self, due: list[bytes], mono: float) -> set[bytes]:
+        """The owners whose resources rows a dispatch on this queue locks first."""
+        for o, at in list(self.seen.items()):
+            if mono - at > _SEEN_TTL_S:
+                del self.seen[o]
+        if len(self.seen) > OWNERS_PER_PROBE:  # keep the most recently seen
+            recent = sorted(self.seen.items(), key=lambda kv: kv[1])[-OWNERS_PER_PROBE:]
+            self.seen = dict(recent)
+        return set(due) | set(self.seen)
 
 
 @dataclass
@@ -57,22 +130,80 @@ class _Outcome:
     gone: str | None = None
     #: True when some queue gave a full batch (more may be due).
     more: bool = False
+    #: The session had no free slot (dispatch backpressure).
+    at_capacity: bool = False
+    #: Offer slots withheld by owners' reservation quotas.
+    denied_reservations: int = 0
+
+
+class OwnersNotLocked(Exception):
+    """A queue-wide claim returned tasks of owners whose resources rows this transaction did
+    not lock first: it rolls back and runs again with them in the lock set (taking their
+    rows now, after task rows, would break the lock order)."""
+
+    def __init__(self, owner_ids: set[bytes]) -> None:
+        super().__init__(f"{len(owner_ids)} owner(s) not locked")
+        self.owner_ids = owner_ids
+
+
+@dataclass
+class _Batch:
+    """What one dispatch transaction claimed so far."""
+
+    rows: list[tuple[Row, bytes]] = field(default_factory=list)  # (claimed row, attempt id)
+    keys: set[bytes] = field(default_factory=set)  # concurrency key digests offered
+    dropped: int = 0  # claimed rows left out (same key as an earlier one in the batch)
+    denied: int = 0  # offer slots withheld by reservation quotas
+
+    def add(self, rows: list[Row]) -> int:
+        """Keep ``rows`` except a second task of a concurrency key; the number kept."""
+        kept = 0
+        for row in rows:
+            digest = row["concurrency_key_digest"]
+            if digest is not None:
+                if digest in self.keys:
+                    self.dropped += 1  # locked until COMMIT, not offered: stays WAITING
+                    continue
+                self.keys.add(digest)
+            self.rows.append((row, new_id()))
+            kept += 1
+        return kept
 
 
 class Dispatcher:
     """Leases due tasks to this node's connected sessions. Safe on many nodes at once."""
 
-    def __init__(self, db: Database, hub: Hub, *, metrics: Registry | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        hub: Hub,
+        *,
+        metrics: Registry | None = None,
+        owner_refresh_uses: int = 16,
+        owner_refresh_ms: int = 1_000,
+    ) -> None:
         self.db = db
         self.hub = hub
         self.settings = hub.settings
+        self.owner_refresh_uses = owner_refresh_uses
+        self.owner_refresh_ms = owner_refresh_ms
         self._rotation = 0
         self._more = False
+        self._hints: dict[tuple[bytes, bytes], OwnerHint] = {}
         self._metrics = metrics
         if metrics is not None:
             self._offers = metrics.counter("pulse_offers_total", "Attempts offered to workers")
             self._seconds = metrics.histogram(
                 "pulse_dispatch_seconds", "Time of one dispatch transaction"
+            )
+            self._denials = metrics.counter(
+                "pulse_dispatch_denials_total",
+                "Dispatch backpressure: sessions at capacity, offer slots withheld by quotas",
+                ("kind",),
+            )
+            self._probes = metrics.counter(
+                "pulse_dispatch_owner_probes_total",
+                "Probes of a queue's owners with waiting tasks (fair dispatch hint refreshes)",
             )
 
     async def run_once(self, *, now: datetime | None = None) -> int:
@@ -96,9 +227,24 @@ class Dispatcher:
     async def dispatch_to(self, conn: Connection, *, now: datetime | None = None) -> int:
         """Offer due tasks to one session (one transaction), then push them."""
         began = time.perf_counter()
-        outcome = await self.db.transaction(lambda tx: self._lease(tx, conn, now))
+        extra: set[bytes] = set()
+        for rerun in range(_MAX_RERUNS + 1):
+            strict = rerun < _MAX_RERUNS
+            try:
+                outcome = await self.db.transaction(
+                    lambda tx, e=frozenset(extra), s=strict: self._lease(tx, conn, now, e, s)
+                )
+                break
+            except OwnersNotLocked as missed:
+                # Rolled back before any counter changed: run again with their rows locked
+                # first (they are in the queues' hints now too).
+                extra |= missed.owner_ids
         if self._metrics is not None:
             self._seconds.observe(time.perf_counter() - began)
+            if outcome.at_capacity:
+                self._denials.inc(kind=DENIAL_SESSION_CAPACITY)
+            if outcome.denied_reservations:
+                self._denials.inc(outcome.denied_reservations, kind=DENIAL_RESERVATIONS)
         if outcome.gone is not None:
             self.hub.unregister(conn)
             code = CLOSE_REPLACED if outcome.gone == "moved" else CLOSE_SESSION_GONE
@@ -112,7 +258,103 @@ class Dispatcher:
             await self.hub.push_offers(conn, outcome.offers)
         return len(outcome.offers)
 
-    async def _lease(self, tx: Tx, conn: Connection, now: datetime | None) -> _Outcome:
+    # -- the owner hint ----------------------------------------------------------------------
+
+    def owner_hint(self, namespace_id: bytes, queue_id: bytes) -> OwnerHint | None:
+        """This node's current hint for a queue (tests and introspection)."""
+        return self._hints.get((namespace_id, queue_id))
+
+    async def refresh_owner_hint(self, namespace_id: bytes, queue_id: bytes) -> OwnerHint:
+        """Probe a queue's owners now (in a read transaction of its own); the new hint."""
+
+        async def run(tx: Tx) -> OwnerHint:
+            hint = self._hints.get((namespace_id, queue_id))
+            if hint is not None:
+                hint.probed_at = float("-inf")
+            return await self._hint(tx, namespace_id, queue_id)
+
+        return await self.db.read(run)
+
+    async def _hint(self, tx: Tx, namespace_id: bytes, queue_id: bytes) -> OwnerHint:
+        key = (namespace_id, queue_id)
+        hint = self._hints.get(key)
+        mono = time.monotonic()
+        age_ms = 0.0 if hint is None else (mono - hint.probed_at) * 1000
+        if (
+            hint is None
+            or (hint.stale and age_ms >= min(_MIN_REPROBE_MS, self.owner_refresh_ms))
+            or hint.uses >= self.owner_refresh_uses
+            or age_ms >= self.owner_refresh_ms
+        ):
+            cursor = None if hint is None else hint.cursor
+            owners, cursor = await self._probe(tx, namespace_id, queue_id, cursor)
+            limits = await store.application_reservation_limits_many(tx, list(owners))
+            limited = {o for o, m in limits.items() if m is not None}
+            turn = 0 if hint is None else hint.turn
+            seen = {} if hint is None else hint.seen
+            seen.update(dict.fromkeys(owners, mono))
+            if len(self._hints) > 10_000:  # queues no session of this node uses any more
+                self._hints.clear()
+            hint = self._hints[key] = OwnerHint(
+                owners, limited, mono, turn=turn, cursor=cursor, seen=seen
+            )
+            if self._metrics is not None:
+                self._probes.inc()
+        hint.uses += 1
+        return hint
+
+    async def _probe(
+        self, tx: Tx, namespace_id: bytes, queue_id: bytes, start_after: bytes | None
+    ) -> tuple[dict[bytes, datetime], bytes | None]:
+        """Walk the owners with WAITING tasks in the queue (one index dive each), at most
+        ``OWNERS_PER_PROBE``, starting after ``start_after`` and wrapping around; return
+        them and where the next probe continues (None: from the first; all were seen)."""
+        owners: dict[bytes, datetime] = {}
+        after = start_after
+        wrapped = start_after is None
+        while len(owners) < OWNERS_PER_PROBE:
+            found = await store.task_owner_next(tx, namespace_id, queue_id, after)
+            if found is None:
+                if wrapped:
+                    return owners, None
+                wrapped, after = True, None
+                continue
+            owner, first = found
+            if owner in owners:  # wrapped around to owners seen already
+                return owners, None
+            owners[owner] = first
+            after = owner
+        return owners, after
+
+    def _note_owners(
+        self, hint: OwnerHint, rows: list[Row], locked: set[bytes], strict: bool
+    ) -> list[Row]:
+        """Check a queue-wide claim's rows: an owner the hint did not list marks it for a
+        probe on next use; an owner whose row is not locked ends the transaction
+        (:class:`OwnersNotLocked`) or, on the last run, its tasks are left out (claimed,
+        so they stay WAITING, locked until COMMIT). Returns the rows to offer."""
+        mono = time.monotonic()
+        for r in rows:
+            hint.seen[r["owner_id"]] = mono
+            if r["owner_id"] not in hint.owners:
+                hint.stale = True
+        unlocked = {r["owner_id"] for r in rows} - locked
+        if not unlocked:
+            return rows
+        if strict:
+            raise OwnersNotLocked(unlocked)
+        return [r for r in rows if r["owner_id"] in locked]
+
+    # -- one dispatch transaction ------------------------------------------------------------
+
+    async def _lease(
+        self,
+        tx: Tx,
+        conn: Connection,
+        now: datetime | None,
+        extra: frozenset[bytes] = frozenset(),
+        strict: bool = True,
+    ) -> _Outcome:
         info = conn.info
         ns = info.namespace_id
         session = await session_store.session_lock(tx, ns, info.session_id)
@@ -124,8 +366,10 @@ class Dispatcher:
         free = int(session["max_concurrency"]) - await session_store.session_count_held(
             tx, ns, info.session_id
         )
-        if free <= 0 or not conn.queues:
+        if not conn.queues:
             return _Outcome([])
+        if free <= 0:
+            return _Outcome([], at_capacity=True)
         gates = await queue_store.gate_get_many(
             tx, ns, [queue_store.NAMESPACE_GATE, *(q.id for q in conn.queues)]
         )
@@ -134,66 +378,213 @@ class Dispatcher:
         keys_ok = bool(session["concurrency_keys"])
         n = len(conn.queues)
         first = self._rotation % n
-        batch = self.settings.dispatch_batch
+        batch_size = self.settings.dispatch_batch
         candidates = [
             q for q in conn.queues[first:] + conn.queues[:first] if not _paused(gates, q.id)
         ]
         if not candidates:
             return _Outcome([])
-        # No usage row is locked up front: the dispatcher judges no limit on them (the start
-        # does). The claim takes the tasks (SKIP LOCKED: it never waits on another
-        # transaction's tasks); the reservations are added at the end with the summed
-        # deltas, so the application and queue rows are held only from there to COMMIT.
-        offer_lease = t + timedelta(milliseconds=self.settings.offer_lease_ms)
-        offers: list[wire.Offer] = []
-        attempts: list[dict[str, Any]] = []
-        leased: list[tuple[dict[str, Any], bytes]] = []  # (claimed row, attempt id)
-        reservations: dict[tuple[bytes, bytes], int] = defaultdict(int)
-        more = False
-        leases: list[tuple[str, Any]] = []
+        # Owners in play per queue (non-locking probes, before any lock is taken).
+        plans: list[tuple[QueueRef, OwnerHint, list[bytes]]] = []
         for q in candidates:
+            hint = await self._hint(tx, ns, q.id)
+            plans.append((q, hint, _due_owners(hint, t)))
+        # The lock order's first two steps, in ONE statement, before any task: the
+        # resources rows of every owner in play or seen lately on these queues (and of the
+        # owners a rolled-back run met), then the queues' usage rows.
+        mono = time.monotonic()
+        locked = set(extra)
+        for _, hint, owners in plans:
+            locked |= hint.lock_set(owners, mono)
+        apps, _ = await transitions.lock_usage(tx, ns, [q.id for q, _, _ in plans], locked)
+        # Reservation quotas are judged on the locked rows.
+        allowance: dict[bytes, int] | None = {
+            o: max(0, int(r["max_reservations"]) - int(r["reservations"]))
+            for o, r in apps.items()
+            if r["max_reservations"] is not None
+        } or None
+        batch = _Batch()
+        more = False
+        for q, hint, owners in plans:
             if free <= 0:
                 more = True
                 break
-            want = min(free, batch)
-            rows = await store.task_claim_due(tx, ns, q.id, t, keys_ok, want)
-            more = more or len(rows) == want
-            for row in rows:
-                attempt_id = new_id()
-                generation = int(row["attempts"]) + 1
-                leases.append((
-                    store.Q.task_lease_if_waiting,
-                    {
-                        "namespace_id": ns, "id": row["id"], "attempt_id": attempt_id,
-                        "session_id": info.session_id, "lease_expires_at": offer_lease,
-                        "now": t, "revision": row["revision"],
-                    },
-                ))  # fmt: skip
-                attempts.append(
-                    {
-                        "namespace_id": ns,
-                        "id": attempt_id,
-                        "task_id": row["id"],
-                        "generation": generation,
-                        "session_id": info.session_id,
-                        "lease_expires_at": offer_lease,
-                        "now": t,
-                    }
+            want = min(free, batch_size)
+            if allowance is None and len(owners) <= 1:
+                # One owner (or none known) in play: the queue-wide claim, as cheap as ever.
+                rows = await store.task_claim_due_in_queue(tx, ns, q.id, t, keys_ok, want)
+                kept = self._note_owners(hint, rows, locked, strict)
+                got = batch.add(kept)
+                more = more or len(rows) == want
+            else:
+                got, full = await self._claim_fair(tx, ns, q.id, hint, owners, t, keys_ok,
+                                                   want, allowance, batch,
+                                                   locked, strict)  # fmt: skip
+                more = more or full
+            free -= got
+        if batch.dropped:
+            more = True
+        if not batch.rows:
+            return _Outcome([], more=more, denied_reservations=batch.denied)
+        offers = await self._write(tx, info, t, batch, apps)
+        return _Outcome(offers, more=more, denied_reservations=batch.denied)
+
+    async def _claim_fair(
+        self,
+        tx: Tx,
+        ns: bytes,
+        queue_id: bytes,
+        hint: OwnerHint,
+        owners: list[bytes],
+        t: datetime,
+        keys_ok: bool,
+        want: int,
+        allowance: dict[bytes, int] | None,
+        batch: _Batch,
+        locked: set[bytes],
+        strict: bool,
+    ) -> tuple[int, bool]:
+        """Split ``want`` across ``owners`` round-robin from the hint's rotating offset, one
+        claim per owner; then give what some could not use to those that filled their
+        share. Returns (tasks kept for offers, True when every slot was filled)."""
+        if not owners:
+            hint.stale = True  # locked mode only: nothing known is due here; look again
+            return 0, False
+        start = hint.turn % len(owners)
+        hint.turn += 1
+        order = owners[start:] + owners[:start]
+        base, extra = divmod(want, len(order))
+        after: dict[bytes, tuple[datetime, bytes]] = {}
+        more_work: list[bytes] = []  # owners that may have more due tasks
+        claimed = 0
+        kept_before = len(batch.rows)
+        for i, owner in enumerate(order):
+            share = base + (1 if i < extra else 0)
+            cap = _cap(allowance, owner, share)
+            if cap < share:
+                # The owner's quota withholds slots: a denial, counted where the owner
+                # shows (by its first task) that it had work for them.
+                n = await self._claim_owner(tx, ns, queue_id, owner, t, keys_ok, cap, after,
+                                            allowance, batch) if cap > 0 else 0  # fmt: skip
+                claimed += n
+                if n == cap:
+                    batch.denied += share - cap
+                continue
+            n = await self._claim_owner(tx, ns, queue_id, owner, t, keys_ok, share, after,
+                                        allowance, batch) if share > 0 else 0  # fmt: skip
+            claimed += n
+            if n == share:
+                more_work.append(owner)
+        # Leftover slots (owners with fewer due tasks than their share) go to the others.
+        for owner in more_work:
+            cap = _cap(allowance, owner, want - claimed)
+            if want - claimed <= 0:
+                break
+            if cap > 0:
+                claimed += await self._claim_owner(tx, ns, queue_id, owner, t, keys_ok, cap,
+                                                   after, allowance, batch)  # fmt: skip
+        if claimed < want:
+            if allowance is None:
+                # The known owners ran dry: one queue-wide claim finds what the hint does not
+                # list (a new owner). It also returns rows this transaction holds already
+                # (SKIP LOCKED skips only others' locks): those are left out.
+                left = want - claimed
+                have = {row["id"] for row, _ in batch.rows}
+                rows = await store.task_claim_due_in_queue(
+                    tx, ns, queue_id, t, keys_ok, claimed + left
                 )
-                leased.append((row, attempt_id))
-                reservations[(row["queue_id"], row["owner_id"])] += 1
-                offers.append(wire.offer_from_row(row, attempt_id, generation, offer_lease))
-                free -= 1
-        # Every claimed row is locked by this transaction: one round trip of guarded per-row
-        # UPDATEs (WAITING → LEASED by primary key and revision), each with its own count.
-        counts = await tx.execute_batch(leases)
-        if any(c != 1 for c in counts):  # pragma: no cover - the rows are locked by this tx
+                fresh = [r for r in rows if r["id"] not in have][:left]
+                fresh = self._note_owners(hint, fresh, locked, strict)
+                batch.add(fresh)
+                claimed += len(fresh)
+            else:
+                hint.stale = True  # locked mode takes no unknown owner's task: probe again
+        return len(batch.rows) - kept_before, claimed >= want
+
+    async def _claim_owner(
+        self,
+        tx: Tx,
+        ns: bytes,
+        queue_id: bytes,
+        owner: bytes,
+        t: datetime,
+        keys_ok: bool,
+        limit: int,
+        after: dict[bytes, tuple[datetime, bytes]],
+        allowance: dict[bytes, int] | None,
+        batch: _Batch,
+    ) -> int:
+        """Claim up to ``limit`` of one owner's due tasks after what this transaction took
+        of it already; the number of rows claimed (kept or dropped as a duplicate key)."""
+        rows = await store.task_claim_due_for_owner(
+            tx, ns, queue_id, owner, t, keys_ok, limit, after.get(owner)
+        )
+        if rows:
+            last = rows[-1]
+            after[owner] = (last["dispatch_at"], last["id"])
+            kept = batch.add(rows)
+            if allowance is not None and owner in allowance:
+                allowance[owner] -= kept
+        return len(rows)
+
+    async def _write(
+        self, tx: Tx, info: SessionInfo, t: datetime, batch: _Batch, apps: dict[bytes, Row]
+    ) -> list[wire.Offer]:
+        """Lease the claimed tasks, insert their attempts, add the reservations to the rows
+        locked first (``apps``: the owners' rows; owners, then queues, sorted) and record the
+        events; the offers to push after COMMIT."""
+        ns = info.namespace_id
+        offer_lease = t + timedelta(milliseconds=self.settings.offer_lease_ms)
+        offers: list[wire.Offer] = []
+        attempts: list[Row] = []
+        leases: list[tuple[str, Any]] = []
+        per_owner: dict[bytes, int] = defaultdict(int)
+        per_queue: dict[bytes, int] = defaultdict(int)
+        for row, attempt_id in batch.rows:
+            generation = int(row["attempts"]) + 1
+            leases.append((
+                attempt_store.Q.task_lease_if_waiting,
+                {
+                    "namespace_id": ns, "id": row["id"], "attempt_id": attempt_id,
+                    "session_id": info.session_id, "lease_expires_at": offer_lease,
+                    "now": t, "revision": row["revision"],
+                },
+            ))  # fmt: skip
+            attempts.append({
+                "namespace_id": ns, "id": attempt_id, "task_id": row["id"],
+                "generation": generation, "session_id": info.session_id,
+                "lease_expires_at": offer_lease, "now": t,
+            })  # fmt: skip
+            per_owner[row["owner_id"]] += 1
+            per_queue[row["queue_id"]] += 1
+            offers.append(wire.offer_from_row(row, attempt_id, generation, offer_lease))
+        # Every claimed row and every usage row is locked by this transaction already: ONE
+        # round trip of guarded per-row UPDATEs (WAITING → LEASED by primary key and
+        # revision, each with its own count) followed by the reservations added to the
+        # usage rows (owners, then queues, sorted; the quota guard cannot refuse: the
+        # allowance was judged on the rows as locked).
+        counters: list[tuple[str, Any]] = [
+            (
+                store.Q.application_reservations_add_within_limit,
+                {"application_id": owner, "n": count},
+            )
+            for owner, count in sorted(per_owner.items())
+        ]
+        counters += [
+            (
+                queue_store.Q.usage_add,
+                {"namespace_id": ns, "queue_id": queue_id, "unfinished": 0,
+                 "reservations": count, "active": 0},
+            )
+            for queue_id, count in sorted(per_queue.items())
+        ]  # fmt: skip
+        counts = await tx.execute_batch(leases + counters)
+        if any(c != 1 for c in counts[: len(leases)]):  # pragma: no cover - rows locked
             raise RuntimeError("a claimed task changed while locked")
-        if not offers:
-            return _Outcome([])
-        await store.attempt_insert_many(tx, attempts)
-        for (queue_id, owner_id), count in sorted(reservations.items()):
-            await transitions.adjust_usage(tx, ns, queue_id, reservations=count, owner_id=owner_id)
+        added = counts[len(leases) :]
+        if any(added[i] != 1 and o in apps for i, o in enumerate(sorted(per_owner))):
+            raise RuntimeError("reservation quota exceeded under lock")  # pragma: no cover
+        await attempt_store.attempt_insert_many(tx, attempts)
         # The leased rows as task_lease_if_waiting left them (computed, not re-read: the
         # events need only what the claim returned plus what the UPDATE set).
         changes: list[Change] = [
@@ -207,10 +598,10 @@ class Dispatcher:
                 transitions.EVENT_LEASED,
                 {"session_id": id_hex(info.session_id)},
             )
-            for row, attempt_id in leased
+            for row, attempt_id in batch.rows
         ]  # fmt: skip
         await transitions.record_many(tx, ns, changes, now=t)
-        return _Outcome(offers, more=more)
+        return offers
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Dispatch until ``stop`` is set (or the task is cancelled): at once when woken, else
@@ -229,6 +620,18 @@ class Dispatcher:
                 await asyncio.sleep(0)
                 continue
             await self.hub.wait_for_work(poll_s * random.uniform(0.8, 1.2), stop)
+
+
+def _cap(allowance: dict[bytes, int] | None, owner: bytes, slots: int) -> int:
+    """``slots`` limited by what the owner's reservation quota still allows."""
+    if allowance is None or owner not in allowance:
+        return slots
+    return max(0, min(slots, allowance[owner]))
+
+
+def _due_owners(hint: OwnerHint, t: datetime) -> list[bytes]:
+    """Owners of the hint whose first task may be due at ``t``, in owner id order."""
+    return [o for o, first in sorted(hint.owners.items()) if first is not None and first <= t]
 
 
 def _paused(gates: dict[bytes, dict[str, Any]], queue_id: bytes) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -31,6 +32,7 @@ from pulse import transitions
 from pulse.errors import CursorMismatch, QueueNotFound
 from pulse.store import queues as store
 from pulse.store import tasks as task_store
+from pulse.store import watchdog as watchdog_store
 from pulse.types import QueuePut, RetryPolicy, TaskState
 
 QUEUE_NAME_INDEX = "uq_pulse_queues_name"
@@ -97,8 +99,10 @@ def queue_view(
     usage: dict[str, Any] | None = None,
     gates: dict[bytes, dict[str, Any]] | None = None,
     counts: dict[str, int] | None = None,
+    stuck_tasks: int | None = None,
 ) -> dict[str, Any]:
-    """The API queue object (config, gate, and when given usage and counts by state)."""
+    """The API queue object (config, gate, and when given usage and counts by state;
+    ``stuck_tasks`` goes into ``usage``)."""
     gates = gates or {}
     gate = gates.get(row["id"])
     ns_gate = gates.get(NAMESPACE_GATE)
@@ -126,24 +130,56 @@ def queue_view(
     if counts is not None:
         out["counts"] = {s.value: counts.get(s.value, 0) for s in TaskState}
     if usage is not None:
-        out["usage"] = usage_view(usage)
+        out["usage"] = usage_view(usage, stuck_tasks=stuck_tasks)
     return out
 
 
-def usage_view(usage: dict[str, Any]) -> dict[str, Any]:
-    """Live counters of a queue (not part of its revision)."""
-    return {
+#: Columns of ``pulse_queue_usage`` that are keys, not counters.
+_USAGE_KEYS = frozenset({"namespace_id", "queue_id"})
+#: Prefix of the denial counters: column ``denials_<kind>`` is shown as ``denials.<kind>``.
+_DENIALS = "denials_"
+#: Denial kinds always shown (0 when the row lacks the column).
+_DENIAL_KINDS = ("quota", "permits", "rate", "key", "application")
+
+
+def usage_view(usage: dict[str, Any], *, stuck_tasks: int | None = None) -> dict[str, Any]:
+    """Live counters of a queue (not part of its revision).
+
+    Every column the usage row was read with is shown, so a counter added by a later
+    migration appears once its store query selects it: each ``denials_<kind>`` column under
+    ``denials.<kind>`` (quota, permits, rate, key, application, and any other kind), any other
+    column under its own name (datetimes in RFC 3339). ``stuck_tasks`` (tasks currently
+    surfaced by the stuck-work watchdog, ``pulse.watchdog``) is added when given.
+    """
+    out: dict[str, Any] = {
         "unfinished_tasks": int(usage["unfinished_tasks"]),
         "reservations": int(usage["reservations"]),
         "active_attempts": int(usage["active_attempts"]),
         "window_start": format_opt(usage["window_start"]),
         "window_starts": int(usage["window_starts"]),
-        "denials": {
-            "quota": int(usage["denials_quota"]),
-            "permits": int(usage["denials_permits"]),
-            "rate": int(usage["denials_rate"]),
-        },
     }
+    denials = dict.fromkeys(_DENIAL_KINDS, 0)
+    for name, value in usage.items():
+        if name in _USAGE_KEYS or name in out:
+            continue
+        if name.startswith(_DENIALS):
+            denials[name[len(_DENIALS) :]] = int(value or 0)
+        else:
+            out[name] = _usage_value(value)
+    out["denials"] = denials
+    if stuck_tasks is not None:
+        out["stuck_tasks"] = stuck_tasks
+    return out
+
+
+def _usage_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return format_opt(value)
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    return value
 
 
 def _gate_view(gate: dict[str, Any] | None) -> dict[str, Any]:
@@ -160,7 +196,8 @@ async def _full_view(tx: Tx, namespace_id: bytes, row: dict[str, Any]) -> dict[s
     usage = await store.usage_get(tx, namespace_id, row["id"])
     gates = await store.gate_get_many(tx, namespace_id, [row["id"], NAMESPACE_GATE])
     counts = await store.queue_count_by_state(tx, namespace_id, row["id"])
-    return queue_view(row, usage=usage, gates=gates, counts=counts)
+    stuck = await watchdog_store.count_stuck_in_queue(tx, namespace_id, row["id"])
+    return queue_view(row, usage=usage, gates=gates, counts=counts, stuck_tasks=stuck)
 
 
 async def put_queue(

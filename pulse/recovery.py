@@ -8,9 +8,12 @@ Each round (:meth:`Recovery.run_once`):
 2. **Offers** (OFFERED attempts) whose lease passed become RELEASED and their task returns
    to WAITING — nothing ran, so nothing is uncertain and ``attempts`` is unchanged.
 3. **Running attempts** whose lease passed become LOST (evidence ``lost``). Their task:
-   retried after the backoff when ``retry_safe`` and ``attempts < max_attempts``; otherwise
-   NEEDS_REVIEW with ``effect_uncertain = 1`` (result event ``task.needs_review``). A task
-   whose cancel was requested ends CANCELLED when retry-safe, NEEDS_REVIEW otherwise.
+   retried after the backoff when ``retry_safe`` and ``attempts < max_attempts``; FAILED
+   ``attempts_exhausted`` when ``retry_safe`` and that was its last attempt (a poison task;
+   nothing is uncertain about an idempotent task); otherwise NEEDS_REVIEW with
+   ``effect_uncertain = 1`` (result event ``task.needs_review``). A task whose cancel was
+   requested ends CANCELLED when retry-safe, NEEDS_REVIEW otherwise.
+   (A session its worker closes is handled the same way by :func:`pulse.sessions.close_session`.)
 4. The deadline sweep of the tasks side (``pulse.tasks.expire_deadlines_once``).
 
 Safe on many nodes at once: candidates are read without locks, then each is decided in its

@@ -21,10 +21,13 @@ from pulse.dispatch import Dispatcher
 from pulse.hub import Hub
 from pulse.recovery import Recovery
 from pulse.sessions import WorkerSettings
+from pulse.watchdog import Watchdog
 
 HUB_KEY = "pulse.hub"
 DISPATCHER_KEY = "pulse.dispatcher"
 RECOVERY_KEY = "pulse.recovery"
+#: ``ctx.extras`` key of the node's stuck-work watchdog (pulse.watchdog.Watchdog).
+WATCHDOG_KEY = "pulse.watchdog"
 
 
 def install(ctx: Any, settings: WorkerSettings | None = None) -> Hub:
@@ -62,3 +65,13 @@ def background_loops(ctx: Any) -> list[Callable[..., Awaitable[None]]]:
     ctx.extras[DISPATCHER_KEY] = dispatcher
     ctx.extras[RECOVERY_KEY] = recovery
     return [dispatcher.run, recovery.run]
+
+
+def watchdog_loop(ctx: Any) -> Callable[..., Awaitable[None]]:
+    """The stuck-work watchdog loop of this node (``pulse.watchdog``); the watchdog object is
+    kept at ``ctx.extras["pulse.watchdog"]`` (``run_once()`` for tests and tools)."""
+    watchdog = ctx.extras.get(WATCHDOG_KEY)
+    if not isinstance(watchdog, Watchdog):
+        watchdog = Watchdog(ctx.db, metrics=getattr(ctx, "metrics", None))
+        ctx.extras[WATCHDOG_KEY] = watchdog
+    return watchdog.run

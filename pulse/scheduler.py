@@ -54,6 +54,7 @@ from orbit.ids import id_hex, new_id
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from orbit.times import format_time
+from pulse import transitions
 from pulse.cron import (
     ONE_US,
     CronTiming,
@@ -63,6 +64,7 @@ from pulse.cron import (
     local_text,
     make_timing,
 )
+from pulse.store import queues as queue_store
 from pulse.store import schedules as store
 from pulse.submit import submit_in_tx
 from pulse.types import TaskSubmit
@@ -386,6 +388,17 @@ async def advance(
     if loaded.horizon is not None:
         stop = min(stop, loaded.horizon)
     res = Advance(covered_until=covered, check_at=schedule["check_at"])
+    # Lock order (application resources → queues → tasks): one advance may fire under
+    # versions that name different queues; each submit locks its own queue's usage row
+    # first, but after the first task that would come too late — lock them all up front.
+    names = sorted({str(v["queue_name"]) for v in loaded.versions.values()})
+    if len(names) > 1:
+        queue_ids = []
+        for name in names:
+            q = await queue_store.queue_get_by_name(tx, ns, name)
+            if q is not None:
+                queue_ids.append(q["id"])
+        await transitions.lock_usage(tx, ns, queue_ids, [schedule["owner_id"]])
     cursor = covered
     produced = 0
     finished = True

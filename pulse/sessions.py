@@ -28,10 +28,12 @@ from orbit import events as orbit_events
 from orbit.errors import Conflict, Forbidden, InvalidRequest, Unauthenticated
 from orbit.ids import digest, digest_matches, id_hex, new_id, new_secret, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
+from orbit.times import format_opt, format_time
 from orbit.types import NAME_RE
-from pulse import wire
-from pulse.attempts import now_in_tx
+from pulse import transitions, wire
+from pulse.attempts import Change, lose_running, now_in_tx, release_offer
 from pulse.errors import QueueNotFound
+from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import sessions as store
 
@@ -39,6 +41,9 @@ TOKEN_PREFIX = "pws"
 _TOKEN_RE = re.compile(r"pws_([0-9a-f]{32})_([0-9a-f]{32})_([A-Za-z0-9_\-]{16,128})")
 EVENT_SESSION_OPENED = "worker.session_opened"
 EVENT_SESSION_EXPIRED = "worker.session_expired"
+EVENT_SESSION_CLOSED = "worker.session_closed"
+#: Reason recorded on the attempts of a session its worker closed.
+REASON_SESSION_CLOSED = "session_closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,13 +276,15 @@ async def authenticate(
     session_id_hex: str | None = None,
     *,
     now: datetime | None = None,
+    allow_ended: bool = False,
 ) -> SessionInfo:
     """Verify a session token, for ``/namespaces/{ns}/workers/sessions/{sid}/…`` (pass the
     path's ``sid``) or ``/namespaces/{ns}/attempts/{aid}/…`` (the token names the session).
 
     401 (same message whatever the cause): malformed or wrong token, unknown session, a
     session of another namespace or another ``sid``, expired or closed, its credential
-    revoked or expired, or its application disabled.
+    revoked or expired, or its application disabled. ``allow_ended`` accepts a session
+    that is no longer ACTIVE (closing it again is a no-op, not a 401).
     """
     parsed = parse_token(token)
     if parsed is None or token is None:
@@ -290,16 +297,18 @@ async def authenticate(
         return await store.session_get_for_auth(tx, namespace_id, session_id, now)
 
     row = await db.read(run)
-    return _judge(row, token, namespace_name)
+    return _judge(row, token, namespace_name, allow_ended=allow_ended)
 
 
-def _judge(row: dict[str, Any] | None, token: str, namespace_name: str) -> SessionInfo:
+def _judge(
+    row: dict[str, Any] | None, token: str, namespace_name: str, *, allow_ended: bool = False
+) -> SessionInfo:
     if (
         row is None
         or not digest_matches(token, row["token_digest"])
         or row["namespace_name"] != namespace_name
-        or row["state"] != "ACTIVE"
-        or row["expires_at"] <= row["db_now"]
+        or (not allow_ended and row["state"] != "ACTIVE")
+        or (not allow_ended and row["expires_at"] <= row["db_now"])
         or row["credential_revoked_at"] is not None
         or (
             row["credential_expires_at"] is not None
@@ -386,3 +395,94 @@ async def held_attempts(db: Database, namespace_id: bytes, session_id: bytes) ->
         return [r["id"] for r in rows]
 
     return await db.read(run)
+
+
+async def close_session(
+    db: Database,
+    namespace_id: bytes,
+    session_id: bytes,
+    *,
+    now: datetime | None = None,
+) -> tuple[wire.SessionClosed, list[bytes]]:
+    """The worker ends its session (graceful drain), in ONE transaction: ACTIVE → CLOSED,
+    its OFFERED attempts released (tasks back to WAITING, nothing ran), its RUNNING attempts
+    lost exactly as when a session expires (reason ``session_closed``: retried when
+    ``retry_safe``, FAILED ``attempts_exhausted`` on the last attempt, else NEEDS_REVIEW with
+    ``effect_uncertain``), the raw events (``worker.session_closed`` and every task's) and
+    result events written. A session that is no longer ACTIVE is left as it is (no-op: its
+    attempts are recovery's). Returns the answer and the ids of the attempts it ended.
+
+    Lock order: the session row, then every held attempt's application and queue usage rows
+    (sorted), their tasks, their attempts (id order), then the result stream.
+    """
+
+    async def run(tx: Tx) -> tuple[wire.SessionClosed, list[bytes]]:
+        session = await store.session_lock(tx, namespace_id, session_id)
+        if session is None:  # pragma: no cover - the caller authenticated the token
+            raise Unauthenticated("missing or invalid session token")
+        if session["state"] != "ACTIVE":
+            return (
+                wire.SessionClosed(
+                    session_id=id_hex(session_id),
+                    state=str(session["state"]),
+                    closed_at=format_opt(session["closed_at"]),
+                    released_offers=0,
+                    lost_attempts=0,
+                ),
+                [],
+            )
+        rows = await store.session_list_held(tx, namespace_id, session_id, 100_000)
+        peeks = await attempt_store.attempt_peek_many(tx, namespace_id, [r["id"] for r in rows])
+        await transitions.lock_usage(
+            tx,
+            namespace_id,
+            {p["queue_id"] for p in peeks.values()},
+            {p["owner_id"] for p in peeks.values()},
+        )
+        task_ids = [p["task_id"] for p in peeks.values()]
+        tasks = await attempt_store.task_lock_many(tx, namespace_id, task_ids)
+        locked = await attempt_store.attempt_lock_many(tx, namespace_id, list(peeks), now)
+        t = next(iter(locked.values()))["db_now"] if locked else await now_in_tx(tx, now)
+        if not await store.session_close_if_active(tx, namespace_id, session_id, t):
+            raise Conflict("session changed while locked", kind="session")  # pragma: no cover
+        changes: list[Change] = []
+        released = lost = 0
+        ended: list[bytes] = []
+        for attempt_id in sorted(locked):
+            attempt = locked[attempt_id]
+            task = tasks.get(attempt["task_id"])
+            if task is None or attempt["session_id"] != session_id:  # pragma: no cover
+                continue
+            if attempt["state"] == "OFFERED":
+                changes += await release_offer(
+                    tx, namespace_id, task, attempt, t, REASON_SESSION_CLOSED
+                )
+                released += 1
+            elif attempt["state"] == "RUNNING":
+                changes += await lose_running(
+                    tx, namespace_id, task, attempt, t, REASON_SESSION_CLOSED
+                )
+                lost += 1
+            else:
+                continue
+            ended.append(attempt_id)  # a task has at most one live attempt: no re-read
+        await orbit_events.append_event(
+            tx,
+            namespace_id,
+            EVENT_SESSION_CLOSED,
+            "worker_session",
+            session_id,
+            {"released_offers": released, "lost_attempts": lost},
+            now=t,
+        )
+        await transitions.record_many(tx, namespace_id, changes, now=t)
+        answer = wire.SessionClosed(
+            session_id=id_hex(session_id),
+            state="CLOSED",
+            closed_at=format_time(t),
+            released_offers=released,
+            lost_attempts=lost,
+        )
+        return answer, ended
+
+    return await db.transaction(run)

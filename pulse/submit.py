@@ -14,11 +14,10 @@ Rules (API.md "Tasks", SPEC.md §1–3):
   single submit writes nothing (429, ``Retry-After``); in a batch the refused items get 429
   and the others commit. Usage counters change in the same transaction as the insert.
 * Lock order: application resources → queue usage rows (sorted) → tasks → result stream.
-  A row a decision reads is locked first: the application's when it has a task quota, a
-  queue's when it has one or an item carries a dedup identity (so two identical submits to
-  one queue serialise there and the second one simply finds the first one's task). A row
-  that is only counted into is updated at the end, in the same order, and held from there
-  to COMMIT — the application and queue rows are every task change's hot spot.
+  The application's row and every queue's usage row are locked first, in one statement,
+  whether or not a quota is set: quotas are judged on them, two identical submits to one
+  queue serialise there (the second one simply finds the first one's task), and the counts
+  go into them at the end of the transaction.
 
 :func:`submit_in_tx` is the building block other services (schedules, workflows) call
 inside their own transaction; :func:`submit_batch` / :func:`submit_one` run it with the
@@ -38,7 +37,6 @@ import msgspec
 import pymysql
 
 from orbit import audit, idempotency
-from orbit import resources as orbit_resources
 from orbit.audit import Actor
 from orbit.errors import InvalidRequest, OrbitError
 from orbit.http.body import field_of
@@ -46,7 +44,6 @@ from orbit.idempotency import IdemRequest, Reply
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.storage.errors import CHECK_VIOLATED, error_code
-from orbit.store import resources as resources_store
 from orbit.times import parse_time
 from pulse import transitions
 from pulse.errors import QueueNotFound, QueueQuotaExceeded
@@ -254,28 +251,17 @@ async def submit_in_tx(
             err = QueueNotFound()
             results[p.index] = ItemResult(err.status, error=err)
 
-    # Lock order: application resources, then the queues' usage rows (sorted by id) — but
-    # only the rows a decision reads: the application's row when it has a task quota, a
-    # queue's row when it has one or when an item carries a dedup identity (so identical
-    # submits serialise there and the second finds the first's task). The other rows are
-    # only *updated* at the end (application first, then queues: the same order), so they
-    # are held from there to COMMIT instead of across the whole batch.
-    app = None
-    has_identity = any(p.identity is not None for p in live)
-    if live:
-        app = await resources_store.resources_get(tx, owner_id)
-        # An identity locks queue rows below: take the application's row first then too, or
-        # counting into it at the end would wait for it while holding a queue row (deadlock
-        # with transactions that lock in the documented order).
-        if app is not None and (app.max_unfinished_tasks is not None or has_identity):
-            app = await orbit_resources.lock_resources(tx, owner_id)
+    # Lock order: the application's resources row, then the queues' usage rows (sorted by
+    # id), in ONE statement, before any task row: every decision (quotas, a dedup identity
+    # that serialises identical submits on the queue row) reads them locked, and the counts
+    # go into them at the end.
+    app: dict[str, Any] | None = None
     usage: dict[bytes, dict[str, Any]] = {}
-    for queue_id in sorted({queues[p.body.queue]["id"] for p in live}):
-        q_row = next(q for q in queues.values() if q["id"] == queue_id)
-        if has_identity or q_row["max_unfinished_tasks"] is not None:
-            row = await queue_store.queue_usage_lock(tx, namespace_id, queue_id)
-            assert row is not None, "every queue has its usage row"
-            usage[queue_id] = row
+    if live:
+        apps, usage = await transitions.lock_usage(
+            tx, namespace_id, {queues[p.body.queue]["id"] for p in live}, [owner_id]
+        )
+        app = apps.get(owner_id)
 
     # Identity: existing tasks (read after the locks, so a serialised twin is visible),
     # and twins inside this batch (the later ones get the first one's task).
@@ -299,8 +285,8 @@ async def submit_in_tx(
     admitted: list[_Prepared] = []
     per_queue: dict[bytes, int] = {}
     denied_per_queue: dict[bytes, int] = {}
-    app_used = int(app.unfinished_tasks) if app else 0
-    app_max = app.max_unfinished_tasks if app else None
+    app_used = int(app["unfinished_tasks"]) if app else 0
+    app_max = app["max_unfinished_tasks"] if app else None
     for p in fresh:
         q = queues[p.body.queue]
         err: OrbitError | None = None
@@ -341,8 +327,7 @@ async def submit_in_tx(
             else ItemResult(twin.status, error=twin.error)
         )
 
-    # The application's row before the queues' rows (the lock order, also for the rows
-    # first locked here).
+    # Into the rows locked above: the application's, then the queues'.
     if counts and app is not None:
         await queue_store.application_usage_add(tx, owner_id, sum(counts.values()), 0, 0)
     for queue_id, n in sorted(counts.items()):

@@ -33,6 +33,7 @@ from pulse import transitions
 from pulse.errors import TaskNotFound, TaskStateConflict
 from pulse.store import queues as queue_store
 from pulse.store import tasks as store
+from pulse.store import watchdog as watchdog_store
 from pulse.submit import check_json_text
 from pulse.types import Resolve, ResolveAction, TaskListFilters, TaskState
 
@@ -80,13 +81,19 @@ async def list_tasks(
     *,
     limit: int = pagination.DEFAULT_LIMIT,
     cursor: str | None = None,
+    stuck: bool | None = None,
 ) -> dict[str, Any]:
     """Tasks oldest first (``created_at``, ``id``), filtered; ``{"items", "next_cursor"}``.
 
     The cursor is bound to the filters: reusing it with other filters is a 400. An unknown
     queue name matches nothing (empty page); an invalid state or owner id is a 400.
+    ``stuck=True`` keeps only the tasks currently stuck (surfaced by the watchdog in their
+    current state episode, not terminal: ``pulse.watchdog``), ``stuck=False`` only the
+    others; None does not filter.
     """
     bound = {k: v for k, v in msgspec.structs.asdict(filters).items() if v is not None}
+    if stuck is not None:
+        bound["stuck"] = stuck
     position = pagination.decode_cursor(cursor, bound)
     if filters.state is not None and filters.state not in TaskState.__members__:
         raise InvalidRequest("unknown task state", field="state")
@@ -110,20 +117,21 @@ async def list_tasks(
             if q is None:
                 return {"items": [], "next_cursor": None}
             queue_id = q["id"]
-        rows = await store.task_list(
-            tx,
-            {
-                "namespace_id": namespace_id,
-                "queue_id": queue_id,
-                "state": filters.state,
-                "kind": filters.kind,
-                "owner_id": owner_id,
-                "dedup_key": filters.dedup_key,
-                "after_created_at": after_created,
-                "after_id": after_id,
-                "limit": limit + 1,
-            },
-        )
+        params = {
+            "namespace_id": namespace_id,
+            "queue_id": queue_id,
+            "state": filters.state,
+            "kind": filters.kind,
+            "owner_id": owner_id,
+            "dedup_key": filters.dedup_key,
+            "after_created_at": after_created,
+            "after_id": after_id,
+            "limit": limit + 1,
+        }
+        if stuck is None:
+            rows = await store.task_list(tx, params)
+        else:
+            rows = await watchdog_store.task_list(tx, {**params, "stuck": int(stuck)})
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = None

@@ -12,10 +12,11 @@ after its UPDATE/INSERT and after re-selecting the changed row(s), in the same t
 
 :func:`adjust_usage` keeps ``pulse_queue_usage`` (and the owner's application usage, when the
 row exists) equal to the rows it counts. Lock order (docs/architecture.md): application
-resources → queue usage → task/attempt → permit → result stream. Services that know the
-queue before touching a task call :func:`lock_usage` first; a short transaction that only
-adds to a counter after its task change may call :func:`adjust_usage` directly (a deadlock
-is retried whole by ``Database.transaction``).
+resources → queue usage → task/attempt → permit → result stream. Every
+transaction that changes a counter calls :func:`lock_usage` (one statement for every
+application and queue row it will count into) before its first task or attempt lock, and
+:func:`adjust_usage` only adds to rows it holds already: no transaction ever waits for a
+usage row while holding a task, so none deadlocks with another over them.
 
 This module is imported by both the producer side (tasks, queues) and the worker side
 (dispatch, attempts, recovery). Its signatures are stable.
@@ -30,7 +31,6 @@ from typing import Any
 import msgspec
 
 from orbit import events as orbit_events
-from orbit import resources as orbit_resources
 from orbit.ids import id_hex
 from orbit.storage import Tx
 from orbit.times import format_opt
@@ -56,6 +56,7 @@ EVENT_NEEDS_REVIEW = "task.needs_review"
 EVENT_CANCEL_REQUESTED = "task.cancel_requested"  # RUNNING, cancel pushed to the worker
 EVENT_RESOLVED = "task.resolved"  # operator resolution of NEEDS_REVIEW
 EVENT_DEADLINE_EXCEEDED = "task.deadline_exceeded"  # FAILED by the deadline sweep
+EVENT_STUCK = "task.stuck"  # surfaced by the watchdog (no state change, no result event)
 
 _json_decode = msgspec.json.Decoder()
 
@@ -113,6 +114,8 @@ def task_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "started_at": format_opt(row["started_at"]),
         "finished_at": format_opt(row["finished_at"]),
         "state_changed_at": format_opt(row["state_changed_at"]),
+        "stuck_at": format_opt(row.get("stuck_at")) if currently_stuck(row) else None,
+        "stuck_reason": row.get("stuck_reason") if currently_stuck(row) else None,
         "revision": int(row["revision"]),
         "state_version": int(row["state_version"]),
         "cancel_requested": bool(row["cancel_requested"]),
@@ -129,6 +132,21 @@ def task_view(row: Mapping[str, Any]) -> dict[str, Any]:
             "id": id_hex(row["source_id"]) if row["source_id"] is not None else None,
         },
     }
+
+
+def currently_stuck(row: Mapping[str, Any]) -> bool:
+    """True when the watchdog surfaced the task in its current state episode (``stuck_at``
+    at or after ``state_changed_at``, reason written for the current state) and the task is
+    not terminal (pulse/watchdog.py, pulse/sql/watchdog.sql)."""
+    stuck_at, since = row.get("stuck_at"), row.get("state_changed_at")
+    reason = row.get("stuck_reason") or ""
+    return (
+        stuck_at is not None
+        and since is not None
+        and row["state"] in UNFINISHED_STATES
+        and stuck_at >= since
+        and reason.startswith(row["state"] + " ")
+    )
 
 
 def result_snapshot(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -296,13 +314,16 @@ async def lock_usage(
     namespace_id: bytes,
     queue_ids: Iterable[bytes],
     owner_ids: Iterable[bytes] = (),
-) -> None:
+) -> tuple[dict[bytes, dict[str, Any]], dict[bytes, dict[str, Any]]]:
     """Lock the usage rows of ``owner_ids`` (applications) then ``queue_ids``, in the lock
-    order and sorted, before the caller locks tasks. Missing rows are ignored."""
-    for app in sorted(set(owner_ids)):
-        await orbit_resources.lock_resources(tx, app)
-    for queue_id in sorted(set(queue_ids)):
-        await usage_store.queue_usage_lock(tx, namespace_id, queue_id)
+    order and sorted, before the caller locks tasks — ONE round trip
+    (:func:`pulse.store.queues.usage_lock_many`). Missing rows are ignored. Returns the
+    locked rows (applications by id, queues by id) for callers that judge a quota on them.
+
+    Every transaction that changes a usage counter calls this before its first task or
+    attempt lock (docs/architecture.md, "Lock order"); :func:`adjust_usage` then only adds
+    to rows the transaction holds already."""
+    return await usage_store.usage_lock_many(tx, namespace_id, list(queue_ids), list(owner_ids))
 
 
 async def adjust_usage(
@@ -322,8 +343,7 @@ async def adjust_usage(
     """
     if not (unfinished or reservations or active):
         return
-    # Lock order: the application's row before the queue's (a caller that did not call
-    # lock_usage first still never waits crosswise with one that did).
+    # The caller locked both rows with lock_usage before its task locks (the lock order).
     if owner_id is not None:
         await usage_store.application_usage_add(tx, owner_id, unfinished, reservations, active)
     await usage_store.queue_usage_add(tx, namespace_id, queue_id, unfinished, reservations, active)

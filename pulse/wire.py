@@ -212,7 +212,7 @@ def is_null(raw: msgspec.Raw | None) -> bool:
     return raw is None or bytes(raw).strip() == b"null"
 
 
-def encode(frame: ServerFrame | PollReply | SessionCreated) -> bytes:
+def encode(frame: ServerFrame | PollReply | SessionCreated | SessionClosed) -> bytes:
     """JSON bytes of a reply (business JSON copied verbatim)."""
     return _ENCODER.encode(frame)
 
@@ -246,6 +246,17 @@ class SessionCreated(msgspec.Struct, kw_only=True):
 
 class PollReply(msgspec.Struct, kw_only=True):
     offers: list[Offer]
+
+
+class SessionClosed(msgspec.Struct, kw_only=True):
+    """``DELETE /v1/namespaces/{ns}/workers/sessions/{sid}``: the session's state after the
+    call (``CLOSED``, or ``EXPIRED`` when recovery ended it first), what the close did."""
+
+    session_id: str
+    state: str
+    closed_at: str | None
+    released_offers: int
+    lost_attempts: int
 
 
 class EmptyBody(msgspec.Struct, kw_only=True):

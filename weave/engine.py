@@ -46,7 +46,9 @@ from orbit.storage import CasConflict, Tx
 from orbit.times import format_time, parse_time
 from pulse import submit as pulse_submit
 from pulse import tasks as pulse_tasks
+from pulse import transitions as pulse_transitions
 from pulse.errors import QueueQuotaExceeded
+from pulse.store import queues as pulse_queue_store
 from pulse.types import TaskSubmit
 from weave.definition import jsonvalue
 from weave.definition.expressions import EvalError, Expr, Scope, evaluate, render
@@ -174,6 +176,7 @@ class Run:
         self.finished: dict[str, str] = {}
         self.changed = False
         self._ended_event: str | None = None
+        self._usage_locked = False
 
     @classmethod
     async def load(
@@ -433,6 +436,7 @@ class Run:
         A quota refusal (429) aborts the whole advance (the caller retries it later); any
         other refusal (unknown queue, invalid task) is raised for the step to fail.
         """
+        await self._lock_pulse_usage()
         [res] = await pulse_submit.submit_in_tx(
             self.tx,
             self.ns,
@@ -448,6 +452,24 @@ class Run:
         assert res.row is not None
         self.after.queues.add(res.row["queue_id"])
         return bytes(res.row["id"])
+
+    async def _lock_pulse_usage(self) -> None:
+        """Before this transaction's first Pulse task: lock the owner's resources row and the
+        usage rows of every queue the definition's task and poll steps name (one statement;
+        Pulse's lock order: application resources → queues → tasks). One advance may create
+        several tasks, in several queues, and cancel others: each of those Pulse calls
+        locks its own usage rows first, but after the first task row they would come too
+        late — with all of them held from here, the later calls find them held already."""
+        if self._usage_locked:
+            return
+        self._usage_locked = True
+        names = sorted({s.task.queue for s in self.d if isinstance(s, TaskStep | PollStep)})
+        queue_ids = []
+        for name in names:
+            q = await pulse_queue_store.queue_get_by_name(self.tx, self.ns, name)
+            if q is not None:
+                queue_ids.append(q["id"])
+        await pulse_transitions.lock_usage(self.tx, self.ns, queue_ids, [self.inst.owner_id])
 
     async def _new_activation(
         self,

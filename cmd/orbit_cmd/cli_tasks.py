@@ -36,8 +36,11 @@ TASK_FIELDS = [
     "pipeline_version", "dedup_key", "concurrency_key", "retry_safe", "effect_uncertain",
     "cancel_requested", "created_at", "available_at", "deadline_at", "started_at",
     "finished_at", "payload", "result", "error", "resolution", "source", "revision",
+    "stuck_at", "stuck_reason",
 ]  # fmt: skip
 LIST_COLUMNS = ["id", "queue", "kind", "state", "priority", "attempts", "created_at", "finished_at"]
+#: ``orbit tasks list --stuck``: what the watchdog recorded instead of the finish columns.
+STUCK_COLUMNS = ["id", "queue", "kind", "state", "attempts", "stuck_at", "stuck_reason"]
 ATTEMPT_COLUMNS = [
     "generation", "id", "state", "session_id", "started_at", "finished_at", "error", "evidence",
 ]  # fmt: skip
@@ -80,9 +83,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     params = {
         "queue": args.queue, "state": args.state, "kind": args.kind,
         "owner_id": args.owner_id, "dedup_key": args.dedup_key,
+        "stuck": "true" if args.stuck else None,
     }  # fmt: skip
     items, cursor = fetch_pages(args, api, ns_path(args, api, "/tasks"), params)
-    show_page(args, items, cursor, LIST_COLUMNS)
+    show_page(args, items, cursor, STUCK_COLUMNS if args.stuck else LIST_COLUMNS)
     return EXIT_OK
 
 
@@ -342,6 +346,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--kind")
     p.add_argument("--owner-id")
     p.add_argument("--dedup-key")
+    p.add_argument(
+        "--stuck",
+        action="store_true",
+        help="only tasks the stuck-work watchdog surfaced in their current state",
+    )
     p.set_defaults(func=cmd_list, json=False)
 
     p = tasks.add_parser("cancel", parents=[common], help="cancel a task")

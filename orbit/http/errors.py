@@ -165,12 +165,27 @@ async def handle_driver_error(conn: HTTPConnection, exc: Exception) -> Response 
     """A CHECK violation (4025 MariaDB / 3819 MySQL) is bad input that slipped past the
     service's validation: 400. Any other driver error is re-raised (500, logged)."""
     args = getattr(exc, "args", ())
+    if args and args[0] in CONNECTION_LIMITS:
+        # The database refused a new connection (max_user_connections / max_connections):
+        # shed the request like an exhausted pool instead of a 500 (tests/reliability/
+        # test_max_user_connections.py).
+        return await handle_orbit_error(
+            conn,
+            NotReady(
+                "the database refused a connection, retry", retry_after=1, reason="connection_limit"
+            ),
+        )
     if args and args[0] in CHECK_VIOLATED:
         detail = str(args[1])[:200] if len(args) > 1 else ""
         return await handle_orbit_error(
             conn, InvalidRequest("the request violates a constraint", constraint=detail)
         )
     raise exc
+
+
+#: MySQL/MariaDB refusals of a new connection: 1040 max_connections, 1203 the global
+#: max_user_connections, 1226 the account's MAX_USER_CONNECTIONS.
+CONNECTION_LIMITS = frozenset({1040, 1203, 1226})
 
 
 def exception_handlers() -> dict[Any, Any]:

@@ -3,7 +3,7 @@
 | method | path | answer |
 | --- | --- | --- |
 | PUT | ``/v1/namespaces/{ns}/queues/{queue}`` | 201 created / 200 updated (or no-op); ``ETag`` |
-| GET | ``/v1/namespaces/{ns}/queues/{queue}`` | config, gate, counts by state, usage; ``ETag`` |
+| GET | ``/v1/namespaces/{ns}/queues/{queue}`` | config, gate, counts by state, usage (with ``stuck_tasks``); ``ETag`` |
 | GET | ``/v1/namespaces/{ns}/queues`` | ``{"items", "next_cursor"}`` by name |
 | POST | ``/v1/namespaces/{ns}/queues/{queue}/pause`` / ``resume`` | queue gate; idempotent |
 | POST | ``/v1/namespaces/{ns}/pause`` / ``resume`` | namespace gate (additive); idempotent |

@@ -6,7 +6,7 @@
 | POST | ``/v1/namespaces/{ns}/tasks`` | tasks.submit | 201 task / 200 ``deduplicated`` |
 | POST | ``/v1/namespaces/{ns}/tasks:batch`` | tasks.submit | 200 ``{"items": [...]}`` |
 | GET | ``/v1/namespaces/{ns}/tasks/{id}`` | tasks.read | task |
-| GET | ``/v1/namespaces/{ns}/tasks`` | tasks.read | ``{"items", "next_cursor"}`` |
+| GET | ``/v1/namespaces/{ns}/tasks`` | tasks.read | ``{"items", "next_cursor"}`` (``?stuck=true``) |
 | GET | ``/v1/namespaces/{ns}/tasks/{id}/attempts`` | tasks.read | attempts with evidence |
 | POST | ``/v1/namespaces/{ns}/tasks/{id}/cancel`` | tasks.cancel | 200 / 202 / 409 |
 | POST | ``/v1/namespaces/{ns}/tasks:cancel`` | tasks.cancel | ``{"cancelled", "cancel_requested"}`` |
@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from orbit.context import AppContext
 from orbit.credentials import Principal
-from orbit.errors import Forbidden
+from orbit.errors import Forbidden, InvalidRequest
 from orbit.http.auditing import audit_intent, request_id
 from orbit.http.auth import authorize, check_queue
 from orbit.http.body import decode, read_body
@@ -162,6 +162,11 @@ async def get_task(request: Request) -> Response:
         QueryParam("kind", str, "task kind"),
         QueryParam("owner_id", str, "owning application id (32 hex)"),
         QueryParam("dedup_key", str, "dedup key"),
+        QueryParam(
+            "stuck", str,
+            "true (or 1): only tasks the stuck-work watchdog surfaced in their current state; "
+            "false (or 0): only the others",
+        ),
         QueryParam("limit", int, "page size, 1-500 (default 50)"),
         QueryParam("cursor", str, "next_cursor of the previous page (same filters)"),
     ),
@@ -184,8 +189,21 @@ async def list_tasks(request: Request) -> Response:
         filters,
         limit=parse_limit(q.get("limit")),
         cursor=q.get("cursor"),
+        stuck=_parse_stuck(q.get("stuck")),
     )
     return json_response(page)
+
+
+def _parse_stuck(raw: str | None) -> bool | None:
+    """``?stuck=``: true/1 or false/0 (absent or empty: no filter); anything else is a 400."""
+    if raw is None or raw == "":
+        return None
+    value = raw.lower()
+    if value in ("true", "1"):
+        return True
+    if value in ("false", "0"):
+        return False
+    raise InvalidRequest("stuck must be true or false", field="stuck")
 
 
 @api(

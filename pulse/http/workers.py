@@ -1,6 +1,7 @@
 """Worker routes: session creation, the WebSocket stream, and the HTTP fallback.
 
 * ``POST /v1/namespaces/{ns}/workers/sessions`` — API key with ``workers.connect``.
+* ``DELETE /v1/namespaces/{ns}/workers/sessions/{sid}`` — close the session (session token).
 * ``GET  /v1/namespaces/{ns}/workers/sessions/{sid}/stream`` — WebSocket, session token.
 * ``POST /v1/namespaces/{ns}/workers/sessions/{sid}/poll?wait_ms=`` — long-poll offers.
 * ``POST /v1/namespaces/{ns}/workers/sessions/{sid}/heartbeat`` — session keep-alive.
@@ -19,19 +20,27 @@ import logging
 from typing import Any
 
 import msgspec
+import pymysql
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from orbit.errors import Conflict, InvalidRequest, OrbitError, PayloadTooLarge, Unauthenticated
+from orbit.errors import (
+    Conflict,
+    InvalidRequest,
+    NotReady,
+    OrbitError,
+    PayloadTooLarge,
+    Unauthenticated,
+)
 from orbit.http.auditing import audit_intent, request_id
 from orbit.http.auth import authorize, bearer_key
 from orbit.http.body import check_depth, decode, decode_optional, query_int
-from orbit.http.errors import error_response, translate_storage_error
+from orbit.http.errors import CONNECTION_LIMITS, error_response, translate_storage_error
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
-from orbit.ids import parse_id
+from orbit.ids import id_hex, parse_id
 from orbit.metrics import count_conflict
 from orbit.storage import StorageError
 from pulse import attempts, effects, sessions, wire
@@ -111,10 +120,14 @@ def _batches(ctx: Any) -> WorkerBatches:
     return b
 
 
-async def _session(conn: Request | WebSocket, sid: str | None = None) -> sessions.SessionInfo:
+async def _session(
+    conn: Request | WebSocket, sid: str | None = None, *, allow_ended: bool = False
+) -> sessions.SessionInfo:
     ctx = _ctx(conn)
     try:
-        return await sessions.authenticate(ctx.db, conn.path_params["ns"], bearer_key(conn), sid)
+        return await sessions.authenticate(
+            ctx.db, conn.path_params["ns"], bearer_key(conn), sid, allow_ended=allow_ended
+        )
     except OrbitError:
         ctx.metrics.counter("orbit_auth_failures_total", "Requests rejected with 401", ()).inc()
         raise
@@ -150,6 +163,31 @@ async def create_session(request: Request) -> Response:
         request_id=request_id(request),
     )
     return json_response(created, 201)
+
+
+@api(
+    "Close a worker session (graceful drain): offers released, running attempts recovered",
+    responses={200: wire.SessionClosed},
+    errors=(401,),
+    tags=["workers"],
+)
+async def close_session(request: Request) -> Response:
+    """``DELETE /v1/namespaces/{ns}/workers/sessions/{sid}`` with the session token. Closing
+    an already closed or expired session answers 200 with its state (a re-sent close)."""
+    ctx = _ctx(request)
+    hub = hub_of(ctx)
+    info = await _session(request, request.path_params["sid"], allow_ended=True)
+    answer, ended = await sessions.close_session(ctx.db, info.namespace_id, info.session_id)
+    for attempt_id in ended:
+        hub.forget(attempt_id)
+    if answer.state == "CLOSED":
+        # Its stream on this node ends now; on another node at its next heartbeat (4401).
+        await hub.close_session(
+            info.namespace_id, info.session_id, CLOSE_SESSION_GONE, "session_closed"
+        )
+    if ended:
+        hub.notify_new_work()
+    return json_response(answer)
 
 
 # -- the WebSocket stream --------------------------------------------------------------------
@@ -227,6 +265,7 @@ class _StreamReader:
         self.info = conn.info
         self._slots = asyncio.Semaphore(MAX_INFLIGHT_FRAMES)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._token = bearer_key(conn.websocket)
 
     async def run(self) -> None:
         ws = self.conn.websocket
@@ -268,18 +307,49 @@ class _StreamReader:
                 await self.conn.send(reply)
         except attempts.SessionGone:
             await self.conn.send(
-                wire.Error(code="unauthenticated", message="the session expired", ref_msg_id=ref)
+                wire.Error(
+                    code="unauthenticated",
+                    message="the session expired or was closed, or its credential was revoked",
+                    ref_msg_id=ref,
+                )
             )
             await self.conn.close(CLOSE_SESSION_GONE, "session_expired")
         except OrbitError as exc:
             await self.conn.send(_error_frame(self.ctx, exc, ref))
         except StorageError as exc:
             await self.conn.send(_error_frame(self.ctx, translate_storage_error(exc), ref))
+        except pymysql.MySQLError as exc:
+            if not (exc.args and exc.args[0] in CONNECTION_LIMITS):
+                log.exception("worker frame failed")
+                await self.conn.send(
+                    wire.Error(code="internal", message="internal error", ref_msg_id=ref)
+                )
+                return
+            # The database refused a new connection (max_user_connections / max_connections):
+            # transient, like an exhausted pool — the SDK re-sends after Retry-After.
+            busy = NotReady(
+                "the database refused a connection, retry", retry_after=1, reason="connection_limit"
+            )
+            await self.conn.send(_error_frame(self.ctx, busy, ref))
         except Exception:
             log.exception("worker frame failed")
             await self.conn.send(
                 wire.Error(code="internal", message="internal error", ref_msg_id=ref)
             )
+
+    async def _recheck(self) -> None:
+        """Judge the stream's session token again, as a new request would be (at every
+        heartbeat): a revoked or expired credential, a disabled application, a closed or
+        expired session ends the open stream (``error`` unauthenticated, then 4401)."""
+        try:
+            await sessions.authenticate(
+                self.db, self.info.namespace_name, self._token, id_hex(self.info.session_id)
+            )
+        except Unauthenticated:
+            self.ctx.metrics.counter(
+                "orbit_auth_failures_total", "Requests rejected with 401", ()
+            ).inc()
+            raise attempts.SessionGone() from None
 
     async def _answer(self, frame: wire.WorkerFrame) -> wire.ServerFrame | None:
         ns, sid = self.info.namespace_id, self.info.session_id
@@ -287,6 +357,7 @@ class _StreamReader:
             reply = await _start(self.ctx, self.hub, self.conn, frame.attempt_id)
             return msgspec.structs.replace(reply, ref_msg_id=frame.msg_id)
         if isinstance(frame, wire.Heartbeat):
+            await self._recheck()
             result = await attempts.heartbeat(self.db, ns, sid, frame.attempt_ids)
             reply_hb = msgspec.structs.replace(result.reply, ref_msg_id=frame.msg_id)
             await self.conn.send(reply_hb)
@@ -539,6 +610,7 @@ def routes() -> list[BaseRoute]:
     attempt = f"{base}/attempts/{{aid}}"
     return [
         Route(sessions_base, create_session, methods=["POST"]),
+        Route(f"{sessions_base}/{{sid}}", close_session, methods=["DELETE"]),
         WebSocketRoute(f"{sessions_base}/{{sid}}/stream", stream),
         Route(f"{sessions_base}/{{sid}}/poll", poll, methods=["POST"]),
         Route(f"{sessions_base}/{{sid}}/heartbeat", session_heartbeat, methods=["POST"]),

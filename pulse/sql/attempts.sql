@@ -98,6 +98,16 @@ SET state = 'WAITING', current_attempt_id = NULL, session_id = NULL, lease_expir
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'LEASED'
   AND current_attempt_id = %(attempt_id)s AND revision = %(revision)s
 
+-- name: task_release_until_if_leased
+-- LEASED → WAITING, not dispatched again before %(available_at)s (a start refused by a full
+-- start-rate window waits for the window's end instead of being re-offered in a hot loop).
+UPDATE pulse_tasks
+SET state = 'WAITING', current_attempt_id = NULL, session_id = NULL, lease_expires_at = NULL,
+  available_at = GREATEST(available_at, %(available_at)s),
+  state_version = state_version + 1, state_changed_at = %(now)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'LEASED'
+  AND current_attempt_id = %(attempt_id)s AND revision = %(revision)s
+
 -- name: task_fail_if_leased
 -- LEASED → FAILED at start authorisation (deadline passed); the offer is released.
 UPDATE pulse_tasks
@@ -270,7 +280,7 @@ ORDER BY created_at, id
 -- rows in one statement each. Locking reads take their rows in primary-key order.
 
 -- name: attempt_peek_many
-SELECT a.id, a.task_id, a.session_id, t.queue_id, t.owner_id
+SELECT a.id, a.task_id, a.session_id, t.queue_id, t.owner_id, t.concurrency_key_digest
 FROM pulse_attempts a
 JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
 WHERE a.namespace_id = %(namespace_id)s AND a.id IN %(ids)s
@@ -331,3 +341,36 @@ SELECT application_id AS id,
    OR max_reservations IS NOT NULL) AS limited
 FROM orbit_application_resources
 WHERE application_id IN %(ids)s
+
+-- name: attempt_rotate_token_if_running
+-- A re-sent `start` from the session that holds a RUNNING attempt (its `started` reply was
+-- lost): a new execution token replaces the old one, which is stale from now on. 0 rows =
+-- not running any more, another session's, its lease passed, or its revision moved on.
+UPDATE pulse_attempts
+SET execution_token_digest = %(token_digest)s, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'RUNNING'
+  AND session_id = %(session_id)s AND lease_expires_at > %(now)s AND revision = %(revision)s
+
+-- name: usage_lock_for_start
+-- A start batch's first locks, in ONE statement (the lock order: the owners' application
+-- rows sorted, then the queues' usage rows sorted — a UNION ALL runs its parts in order, each
+-- a primary-key range read in ascending order), each row telling whether it limits starts:
+-- the application's start quotas, or the queue's (read by a scalar subquery on
+-- pulse_queues, which a locking read of the outer rows never locks). Replaces the unlocked
+-- probes queue_start_limits_many / application_start_limits_many.
+(SELECT 'a' AS kind, application_id AS id,
+  (max_active_attempts IS NOT NULL OR max_starts_per_second IS NOT NULL
+   OR max_reservations IS NOT NULL) AS limited
+ FROM orbit_application_resources
+ WHERE application_id IN %(app_ids)s
+ ORDER BY application_id
+ FOR UPDATE)
+UNION ALL
+(SELECT 'q', u.queue_id,
+  (SELECT q.max_concurrency IS NOT NULL OR q.max_starts_per_second IS NOT NULL
+   FROM pulse_queues q
+   WHERE q.namespace_id = u.namespace_id AND q.id = u.queue_id)
+ FROM pulse_queue_usage u
+ WHERE u.namespace_id = %(namespace_id)s AND u.queue_id IN %(queue_ids)s
+ ORDER BY u.queue_id
+ FOR UPDATE)

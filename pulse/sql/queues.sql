@@ -77,20 +77,23 @@ VALUES (%(namespace_id)s, %(queue_id)s)
 
 -- name: usage_get
 SELECT namespace_id, queue_id, unfinished_tasks, reservations, active_attempts, window_start,
-  window_starts, denials_quota, denials_permits, denials_rate
+  window_starts, denials_quota, denials_permits, denials_rate, denials_key,
+  denials_application
 FROM pulse_queue_usage
 WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
 
 -- name: usage_get_many
 SELECT namespace_id, queue_id, unfinished_tasks, reservations, active_attempts, window_start,
-  window_starts, denials_quota, denials_permits, denials_rate
+  window_starts, denials_quota, denials_permits, denials_rate, denials_key,
+  denials_application
 FROM pulse_queue_usage
 WHERE namespace_id = %(namespace_id)s AND queue_id IN %(queue_ids)s
 
 -- name: usage_lock
 -- Lock order: after the application's resources row, before any task of the queue.
 SELECT namespace_id, queue_id, unfinished_tasks, reservations, active_attempts, window_start,
-  window_starts, denials_quota, denials_permits, denials_rate
+  window_starts, denials_quota, denials_permits, denials_rate, denials_key,
+  denials_application
 FROM pulse_queue_usage
 WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
 FOR UPDATE
@@ -157,3 +160,40 @@ SET unfinished_tasks = unfinished_tasks + %(unfinished)s,
   reservations = reservations + %(reservations)s,
   active_attempts = active_attempts + %(active)s
 WHERE application_id = %(application_id)s
+
+-- name: usage_lock_all
+-- The lock order's first two steps in ONE round trip: the owners' application resources rows
+-- (sorted by id), then the queues' usage rows (sorted by id). A UNION ALL runs its parts in
+-- order and each part reads its primary key range in ascending order, so the locks are
+-- taken exactly as the order says. ``kind`` tells the rows apart ('a' application,
+-- 'q' queue); the queue rows carry no quota (NULL max_*: a queue's quota is on its row).
+(SELECT 'a' AS kind, application_id AS id, unfinished_tasks, reservations, active_attempts,
+  max_unfinished_tasks, max_reservations
+ FROM orbit_application_resources
+ WHERE application_id IN %(app_ids)s
+ ORDER BY application_id
+ FOR UPDATE)
+UNION ALL
+(SELECT 'q', queue_id, unfinished_tasks, reservations, active_attempts, NULL, NULL
+ FROM pulse_queue_usage
+ WHERE namespace_id = %(namespace_id)s AND queue_id IN %(queue_ids)s
+ ORDER BY queue_id
+ FOR UPDATE)
+
+-- name: usage_lock_apps
+-- usage_lock_all without queues.
+SELECT 'a' AS kind, application_id AS id, unfinished_tasks, reservations, active_attempts,
+  max_unfinished_tasks, max_reservations
+FROM orbit_application_resources
+WHERE application_id IN %(app_ids)s
+ORDER BY application_id
+FOR UPDATE
+
+-- name: usage_lock_queues
+-- usage_lock_all without applications.
+SELECT 'q' AS kind, queue_id AS id, unfinished_tasks, reservations, active_attempts,
+  NULL AS max_unfinished_tasks, NULL AS max_reservations
+FROM pulse_queue_usage
+WHERE namespace_id = %(namespace_id)s AND queue_id IN %(queue_ids)s
+ORDER BY queue_id
+FOR UPDATE

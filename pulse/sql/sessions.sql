@@ -135,3 +135,9 @@ JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
 WHERE a.namespace_id = %(namespace_id)s AND a.session_id = %(session_id)s
   AND a.state = 'OFFERED' AND a.lease_expires_at > %(now)s
 ORDER BY a.offered_at, a.id
+
+-- name: session_close_if_active
+-- The worker closes its session (graceful drain): ACTIVE → CLOSED. 0 rows = already ended.
+UPDATE pulse_worker_sessions
+SET state = 'CLOSED', closed_at = %(now)s, node_id = NULL, revision = revision + 1
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'

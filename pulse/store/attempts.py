@@ -89,6 +89,12 @@ async def task_release_if_leased(tx: Tx, row: Row) -> bool:
     return await tx.execute(Q.task_release_if_leased, row) == 1
 
 
+async def task_release_until_if_leased(tx: Tx, row: Row) -> bool:
+    """LEASED → WAITING with ``available_at`` raised to ``row['available_at']``.
+    False: not leased to ``row['attempt_id']`` any more."""
+    return await tx.execute(Q.task_release_until_if_leased, row) == 1
+
+
 async def task_fail_if_leased(tx: Tx, row: Row) -> bool:
     """LEASED → FAILED (deadline at start). False: not leased to the attempt any more."""
     return await tx.execute(Q.task_fail_if_leased, row) == 1
@@ -288,11 +294,36 @@ async def receipt_get_many(
     return await _by_id(tx, Q.receipt_get_many, namespace_id, attempt_ids, key="attempt_id")
 
 
-async def start_limited(
+async def usage_lock_for_start(
     tx: Tx, namespace_id: bytes, queue_ids: Sequence[bytes], owner_ids: Sequence[bytes]
 ) -> bool:
-    """True when one of the queues or owning applications has a start limit (unlocked read:
-    whether the start batch must lock the usage rows before judging its items)."""
+    """Lock the owners' application rows then the queues' usage rows (each sorted; ONE
+    statement, the lock order's first two steps) and return whether one of them limits
+    starts — :func:`start_limited` without ``keyed``, read on the rows as locked."""
+    apps = tuple(sorted(set(owner_ids)))
+    queues = tuple(sorted(set(queue_ids)))
+    assert apps and queues, "every attempt has a queue and an owner"
+    rows = await tx.fetchall(
+        Q.usage_lock_for_start,
+        {"namespace_id": namespace_id, "app_ids": apps, "queue_ids": queues},
+    )
+    return any(r["limited"] for r in rows)
+
+
+async def start_limited(
+    tx: Tx,
+    namespace_id: bytes,
+    queue_ids: Sequence[bytes],
+    owner_ids: Sequence[bytes],
+    *,
+    keyed: bool = False,
+) -> bool:
+    """True when one of the queues or owning applications has a start limit, or ``keyed``
+    (a task of the batch has a concurrency key: its key row is locked, last, and the usage
+    rows must then be locked first) — whether the start batch must lock the usage rows
+    before judging its items (unlocked read)."""
+    if keyed:
+        return True
     queues = await _by_id(tx, Q.queue_start_limits_many, namespace_id, queue_ids)
     if any(r["limited"] for r in queues.values()):
         return True
@@ -302,3 +333,9 @@ async def start_limited(
         Q.application_start_limits_many, {"ids": tuple(sorted(set(owner_ids)))}
     )
     return any(r["limited"] for r in rows)
+
+
+async def attempt_rotate_token_if_running(tx: Tx, row: Row) -> bool:
+    """Replace a RUNNING attempt's execution token digest (a re-sent ``start`` of its holding
+    session). False: not running, another session's, its lease passed, or revision moved."""
+    return await tx.execute(Q.attempt_rotate_token_if_running, row) == 1

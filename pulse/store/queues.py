@@ -84,6 +84,33 @@ async def queue_usage_lock(tx: Tx, namespace_id: bytes, queue_id: bytes) -> Row 
     return await tx.fetchone(Q.usage_lock, {"namespace_id": namespace_id, "queue_id": queue_id})
 
 
+async def usage_lock_many(
+    tx: Tx, namespace_id: bytes, queue_ids: Sequence[bytes], app_ids: Sequence[bytes]
+) -> tuple[dict[bytes, Row], dict[bytes, Row]]:
+    """Lock the applications' resources rows then the queues' usage rows (each sorted), in
+    ONE statement; return (application rows by id, queue usage rows by queue id), each row
+    with ``unfinished_tasks``, ``reservations``, ``active_attempts``, ``max_unfinished_tasks``
+    and ``max_reservations`` (None for queue rows). Missing rows are absent."""
+    apps = tuple(sorted(set(app_ids)))
+    queues = tuple(sorted(set(queue_ids)))
+    if apps and queues:
+        sql = Q.usage_lock_all
+    elif apps:
+        sql = Q.usage_lock_apps
+    elif queues:
+        sql = Q.usage_lock_queues
+    else:
+        return {}, {}
+    rows = await tx.fetchall(
+        sql, {"namespace_id": namespace_id, "app_ids": apps, "queue_ids": queues}
+    )
+    by_app: dict[bytes, Row] = {}
+    by_queue: dict[bytes, Row] = {}
+    for row in rows:
+        (by_app if row["kind"] == "a" else by_queue)[bytes(row["id"])] = row
+    return by_app, by_queue
+
+
 async def queue_usage_add(
     tx: Tx, namespace_id: bytes, queue_id: bytes, unfinished: int, reservations: int, active: int
 ) -> None:

@@ -137,3 +137,13 @@ async def session_list_offered(
         Q.session_list_offered,
         {"namespace_id": namespace_id, "session_id": session_id, "now": now},
     )
+
+
+async def session_close_if_active(
+    tx: Tx, namespace_id: bytes, session_id: bytes, now: datetime
+) -> bool:
+    """ACTIVE → CLOSED (the worker ended it). False: it was not ACTIVE any more."""
+    n = await tx.execute(
+        Q.session_close_if_active, {"namespace_id": namespace_id, "id": session_id, "now": now}
+    )
+    return n == 1

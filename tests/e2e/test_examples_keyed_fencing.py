@@ -122,8 +122,9 @@ def test_a_paused_worker_is_fenced_and_every_entry_lands_once(
         deadline = time.monotonic() + 30
         while not store.rejections() and time.monotonic() < deadline:
             time.sleep(0.2)  # (its handler may be cancelled: the write was already in flight)
+        # Fenced by the key's concurrency token: 1 for the paused attempt, 2 for the retry.
         assert store.rejections() == [{"account": "acct-0", "task_id": zombie, "generation": 1,
-                                       "token": None, "reason": "stale_generation"}]  # fmt: skip
+                                       "token": 1, "reason": "stale_token"}]  # fmt: skip
         doc = store.documents()["acct-0"]
         assert [(e["task_id"], e["generation"]) for e in doc["entries"]] == [
             (zombie, done["attempts"])

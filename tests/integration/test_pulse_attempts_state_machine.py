@@ -128,12 +128,20 @@ class WorkerMachine(RuleBasedStateMachine):
             key = (self._attempt_task(aid), reply.generation)
             assert key not in self.started, "a generation was started twice"
             self.started.add(key)
-            self.running[aid] = (parse_id(aid), reply.execution_token)  # type: ignore[assignment]
-            # Starting again never gives a second token.
+            # The same session starting again (its `started` reply was lost) rotates the
+            # token: same generation, a new token, and the first one is stale from now on.
             again = run(attempts.start(
                 self.db, self.t.namespace_id, conn.info.session_id, parse_id(aid), now=self.now
             ))  # fmt: skip
-            assert isinstance(again, wire.StartDenied)
+            assert isinstance(again, wire.Started), again
+            assert again.generation == reply.generation
+            assert again.execution_token != reply.execution_token
+            with pytest.raises(StaleToken):
+                run(attempts.report(
+                    self.db, self.t.namespace_id,
+                    Report("complete", parse_id(aid), reply.execution_token), now=self.now,
+                ))  # type: ignore[arg-type]  # fmt: skip
+            self.running[aid] = (parse_id(aid), again.execution_token)  # type: ignore[assignment]
         self._tick()
 
     def _attempt_task(self, aid: str) -> bytes:
@@ -256,6 +264,27 @@ class WorkerMachine(RuleBasedStateMachine):
     def invariants(self) -> None:
         if hasattr(self, "t"):
             run(check_invariants(self.db, self.t.namespace_id))
+            run(self._check_lost_rule())
+
+    async def _check_lost_rule(self) -> None:
+        """docs/retries.md: a lost running attempt of a retry-safe task is retried, or ends
+        the task FAILED ``attempts_exhausted`` (never uncertain) on its last attempt; only a
+        task that is not retry-safe goes to NEEDS_REVIEW with ``effect_uncertain``."""
+
+        async def q(tx: Tx) -> list[dict[str, Any]]:
+            return await tx.fetchall(
+                "SELECT state, retry_safe, effect_uncertain, attempts, max_attempts, error"
+                " FROM pulse_tasks WHERE namespace_id = %s",
+                (self.t.namespace_id,),
+            )
+
+        for row in await self.db.read(q):
+            if row["state"] == "NEEDS_REVIEW":
+                assert not row["retry_safe"] and row["effect_uncertain"], row
+            error = msgspec.json.decode(row["error"]) if row["error"] else None
+            if row["state"] == "FAILED" and error and error["type"] == "attempts_exhausted":
+                assert row["retry_safe"] and not row["effect_uncertain"], row
+                assert row["attempts"] == row["max_attempts"], row
 
 
 @pytest.mark.slow

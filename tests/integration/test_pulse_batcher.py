@@ -62,7 +62,7 @@ async def test_a_batch_of_starts_gives_each_item_its_own_answer(db, tenant, hub)
         (info.session_id, a[0]),
         (other.session_id, a[1]),  # another session's attempt: not_found, and untouched
         (info.session_id, a[1]),
-        (info.session_id, a[0]),  # the same start again in the batch: already_started
+        (info.session_id, a[0]),  # the same start again (next tx): token rotated
         (info.session_id, new_id()),  # no such attempt
         (info.session_id, a[2]),
     ]
@@ -70,10 +70,10 @@ async def test_a_batch_of_starts_gives_each_item_its_own_answer(db, tenant, hub)
     assert isinstance(replies[0], wire.Started) and replies[0].generation == 1
     assert isinstance(replies[1], wire.StartDenied) and replies[1].reason == "not_found"
     assert isinstance(replies[2], wire.Started)
-    assert isinstance(replies[3], wire.StartDenied) and replies[3].reason == "already_started"
+    assert isinstance(replies[3], wire.Started) and replies[3].generation == 1
     assert isinstance(replies[4], wire.StartDenied) and replies[4].reason == "not_found"
     assert isinstance(replies[5], wire.Started)
-    assert len({r.execution_token for r in replies if isinstance(r, wire.Started)}) == 3
+    assert len({r.execution_token for r in replies if isinstance(r, wire.Started)}) == 4
     assert [r.attempt_id for r in replies] == [id_hex(aid) for _, aid in items]
     for o in offers[:3]:
         assert (await task_row(db, t, o.task.id))["state"] == "RUNNING"

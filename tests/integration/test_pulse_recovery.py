@@ -87,7 +87,8 @@ async def test_lost_running_attempt_of_retry_safe_task_is_retried(db, tenant, hu
     # The worker still connected here was told to stop.
     assert [c.reason for c in conn.cancels()] == ["lease_expired"]
 
-    # Lost again with attempts exhausted: review, effect uncertain.
+    # Lost again with attempts exhausted: a retry-safe task ends FAILED attempts_exhausted
+    # (its effect is idempotent: nothing is uncertain).
     later = late + timedelta(seconds=1)
     assert await Dispatcher(db, hub).dispatch_to(conn, now=later) == 1
     (offer,) = conn.take_offers()
@@ -96,8 +97,13 @@ async def test_lost_running_attempt_of_retry_safe_task_is_retried(db, tenant, hu
                       wire.Started)  # fmt: skip
     await Recovery(db, hub).run_once(now=later + timedelta(seconds=2))
     row = await task_row(db, t, task_id)
-    assert row["state"] == "NEEDS_REVIEW" and row["effect_uncertain"] == 1
-    assert await _result_types(db, t, task_id) == ["task.needs_review"]
+    assert row["state"] == "FAILED" and row["effect_uncertain"] == 0, row
+    assert row["attempts"] == 2 and row["finished_at"] is not None
+    error = msgspec.json.decode(row["error"])
+    assert error["type"] == "attempts_exhausted" and error["reason"] == "lease_expired"
+    assert error["lost_attempt_id"] == offer.attempt_id and "lost" in error["message"]
+    assert await _result_types(db, t, task_id) == ["task.failed"]
+    assert [e["kind"] for e in await evidence_rows(db, t, task_id)] == ["lost", "lost"]
     await check_invariants(db, t.namespace_id)
 
 

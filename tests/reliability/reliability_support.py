@@ -77,6 +77,8 @@ class OrbitServer:
     log_level: str = "info"
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    #: Working directory of the process (``python -m`` puts it first on ``sys.path``).
+    cwd: Path | None = None
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -104,7 +106,7 @@ class OrbitServer:
             "--log-level", self.log_level, *self.extra_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
-            cmd, env=process_env(**self.env), stdout=out, stderr=subprocess.STDOUT
+            cmd, env=process_env(**self.env), stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd
         )
         out.close()
         self.wait_ready(timeout)
@@ -171,13 +173,15 @@ class CliTenant:
         return {"Authorization": f"Bearer {self.key}"}
 
 
-def cli_tenant(dsn: DSN, namespace: str = "default") -> CliTenant:
-    """A fresh application + namespace + all-actions key, through the real CLI."""
+def cli_tenant(dsn: DSN, namespace: str = "default", env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> CliTenant:  # fmt: skip
+    """A fresh application + namespace + all-actions key, through the real CLI (``env``,
+    ``cwd``: of the CLI process, e.g. another source tree's ``PYTHONPATH`` and folder)."""
     app = unique("rel")
     r = subprocess.run(
         [sys.executable, "-m", "orbit_cmd.cli", "admin", "bootstrap", "--application", app,
          "--namespace", namespace, "--dsn", dsn.url(hide_password=False)],
-        env=process_env(), capture_output=True, text=True, timeout=60, check=False,
+        env=process_env(**(env or {})), capture_output=True, text=True, timeout=60, check=False, cwd=cwd,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
@@ -292,6 +296,21 @@ class Fingerprint:
         self.sql = ";\n".join(parts)
         self.conn = pymysql.connect(autocommit=True, charset="utf8mb4",
                                     client_flag=CLIENT.MULTI_STATEMENTS, **dsn.connect_kwargs())  # fmt: skip
+
+    def take_quiet(self, settle_s: float = 0.25, limit_s: float = 5.0) -> dict[str, tuple[int, int]]:
+        """A reading taken once the tenant's background work (delivery pump, scheduler,
+        dispatcher, recovery) has stopped changing rows: two readings ``settle_s`` apart
+        agree. Used to re-judge a rejected request whose reading moved: background work
+        caused by an earlier, accepted request must not look like the rejection's write."""
+        deadline = time.monotonic() + limit_s
+        last = self.take()
+        while time.monotonic() < deadline:
+            time.sleep(settle_s)
+            now = self.take()
+            if now == last:
+                return now
+            last = now
+        return last
 
     def take(self) -> dict[str, tuple[int, int]]:
         out: dict[str, tuple[int, int]] = {}

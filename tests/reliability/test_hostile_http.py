@@ -117,6 +117,13 @@ def test_schemathesis_every_operation(server: OrbitServer, fuzz_tenant: CliTenan
                 before = fp.take()
                 r = case.call(base_url=server.url, headers=headers, timeout=30)
                 after = fp.take()
+                if 400 <= r.status_code < 500 and diff(before, after):
+                    # Background work of an earlier accepted request may have moved the
+                    # reading: judge the (rejected, so repeatable) request again on a quiet
+                    # database.
+                    before = fp.take_quiet()
+                    r = case.call(base_url=server.url, headers=headers, timeout=30)
+                    after = fp.take()
                 log.check(case.method, case.formatted_path, r.status_code, r.content,
                           r.headers.get("content-type"), r.headers, before, after)  # fmt: skip
 
@@ -183,6 +190,10 @@ def test_schema_blind_fuzz_every_operation(server: OrbitServer, fuzz_tenant: Cli
             except httpx.InvalidURL:
                 return
             after = fp.take()
+            if 400 <= r.status_code < 500 and diff(before, after):
+                before = fp.take_quiet()  # as in the schemathesis test above
+                r = client.request(method, url, params=query, content=body, headers=headers)
+                after = fp.take()
             log.check(method, url, r.status_code, r.content, r.headers.get("content-type"),
                       r.headers, before, after)  # fmt: skip
 
@@ -235,8 +246,6 @@ def test_non_ascii_digits_are_400_not_500(server: OrbitServer, fuzz_tenant: CliT
     assert not head.startswith(b"HTTP/1.1 500"), head
 
 
-@pytest.mark.xfail(strict=True, reason="weave/http/definitions.py get_version: "
-                   "'²'.isdigit() passes the guard and int('²') raises -> 500 (owner: Weave)")  # fmt: skip
 def test_non_ascii_workflow_version_is_404(server: OrbitServer, fuzz_tenant: CliTenant) -> None:
     r = httpx.get(f"{server.url}/v1/namespaces/{fuzz_tenant.namespace}/workflows/wf/versions/%C2%B2",
                   headers=fuzz_tenant.auth)  # fmt: skip

@@ -74,16 +74,17 @@ def _spawn(server: OrbitServer, t: CliTenant) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def test_poison_task_ends_in_review_after_its_attempts_while_others_flow(
+def test_poison_task_ends_failed_after_its_attempts_while_others_flow(
     fast_server: OrbitServer, dsn: DSN
 ) -> None:
     """Two tasks whose handler SIGKILLs its own worker process, among 20 ordinary tasks, on
     a queue with a 1 s lease and ``max_attempts`` 3; three single-slot SDK workers, restarted
     by a supervisor whenever they die. Expected (docs/retries.md "Recovery"): each killed
     attempt is LOST when its lease passes; the ``retry_safe`` poison is retried until its
-    3 attempts are used and then goes to NEEDS_REVIEW with ``effect_uncertain`` (a lost
-    attempt's effect is unknown, so even an exhausted retry-safe task is not marked FAILED);
-    the other poison goes to NEEDS_REVIEW after its first attempt; every ordinary task
+    3 attempts are used and then ends FAILED ``attempts_exhausted`` with ``effect_uncertain``
+    false (issue 10 item 6: a retry-safe task's effect is idempotent, so nothing is
+    uncertain); the other poison (not retry-safe) goes to NEEDS_REVIEW with
+    ``effect_uncertain`` after its first attempt; every ordinary task
     SUCCEEDS meanwhile; no task is left unfinished."""
     t = cli_tenant(dsn)
     put_queue(fast_server.url, t, "work", lease_ms=1000,
@@ -117,9 +118,11 @@ def test_poison_task_ends_in_review_after_its_attempts_while_others_flow(
     record_figures("poison_task", worker_deaths=restarts, safe_attempts=s_task["attempts"],
                    unsafe_attempts=u_task["attempts"], ok_tasks=len(ok_ids),
                    ok_succeeded=sum(states[i] == "SUCCEEDED" for i in ok_ids))  # fmt: skip
-    assert s_task["state"] == "NEEDS_REVIEW" and s_task["attempts"] == 3, s_task
-    assert s_task["effect_uncertain"] is True
+    assert s_task["state"] == "FAILED" and s_task["attempts"] == 3, s_task
+    assert s_task["effect_uncertain"] is False
+    assert s_task["error"]["type"] == "attempts_exhausted", s_task
     assert u_task["state"] == "NEEDS_REVIEW" and u_task["attempts"] == 1, u_task
+    assert u_task["effect_uncertain"] is True
     assert all(states[i] == "SUCCEEDED" for i in ok_ids), {i: states[i] for i in ok_ids if states[i] != "SUCCEEDED"}
     assert restarts >= 4  # 3 kills by the safe poison + 1 by the other
     r = httpx.get(f"{fast_server.url}/v1/namespaces/{t.namespace}/tasks/{safe['id']}/attempts", headers=t.auth)

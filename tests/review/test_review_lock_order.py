@@ -1,8 +1,8 @@
-"""Review (outside this reviewer's editable files): the result report of an attempt must
-follow the documented lock order (application resources → queue → task/attempt → permit →
-result stream). ``pulse.attempts.report_many`` locks the task and attempt rows first and
-only then counts into the application's and queue's usage rows, so it deadlocks with any
-transaction that locks in the documented order (cancel, resolve, deadline sweep, submit)."""
+"""Review: the result report of an attempt follows the documented lock order (application
+resources → queue → task/attempt → permit → result stream). ``pulse.attempts.report_many``
+once locked the task and attempt rows first and only then counted into the application's
+and queue's usage rows, so it deadlocked with any transaction that locks in the documented
+order (cancel, resolve, deadline sweep, submit); it now takes the usage rows first."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import msgspec
 import pymysql
-import pytest
 
 from orbit.ids import parse_id
 from orbit.storage import Database, Tx
@@ -27,11 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 from pulse_worker_support import connect, open_session
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pulse/attempts.py report_many locks task/attempt rows before the usage rows "
-    "(lock order violation: deadlocks with cancel/resolve/submit); not editable by the reviewer",
-)
 async def test_report_takes_usage_rows_before_the_task_row(db: Database, tenant) -> None:
     t = await tenant()
     task = await t.submit(kind="k", payload={"n": 1})

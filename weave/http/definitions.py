@@ -89,7 +89,9 @@ async def get_workflow(request: Request) -> Response:
 async def get_version(request: Request) -> Response:
     principal = await authorize(request, MANAGE, request.path_params["ns"])
     raw = request.path_params["version"]
-    if not raw.isdigit() or not 1 <= int(raw) <= 2**32 - 1:
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses; at most 10
+    # digits, so int() never meets a huge string.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10) or not 1 <= int(raw) <= 2**32 - 1:
         raise NotFound("workflow version")
     out = await definitions.get_version(
         _ctx(request).db, _namespace(principal), request.path_params["name"], int(raw)

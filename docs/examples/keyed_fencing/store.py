@@ -12,13 +12,13 @@ Two kinds of fence:
 * ``Fence.token`` — Orbit's concurrency token for the task's ``concurrency_key``
   (``ctx.concurrency_token``): increases with every grant of the key, across tasks and
   attempts. The store keeps the highest token per account.
-* no token (keyed permits are not implemented yet, see README) — the attempt's
-  ``generation`` per task: a retry of a task has a higher generation than every earlier
-  attempt of that task. The store keeps the highest generation per (account, task).
+* no token (a server without keyed permits, see README) — the attempt's ``generation`` per
+  task: a retry of a task has a higher generation than every earlier attempt of that task.
+  The store keeps the highest generation per (account, task).
 
 Besides the fence, ``put`` is a compare-and-set on the document ``version`` the writer read.
-While keyed permits are missing, two tasks of one account may run at the same time; the
-version check turns their race into a retry instead of a lost update.
+Without keyed permits two tasks of one account may run at the same time; the version check
+turns their race into a retry instead of a lost update.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ def build(store: Store, *, max_concurrency: int = 4) -> Worker:
     @worker.task("ledger", "post_entry")
     async def post_entry(ctx: TaskContext, payload: dict[str, Any]) -> dict[str, Any]:
         account = payload["account"]
-        # The fence: the key's concurrency token once keyed permits exist (issue 5); until
-        # then ctx.concurrency_token is None and the attempt generation fences per task.
+        # The fence: the key's concurrency token (one running attempt per key; every grant
+        # gets the next token). Without keyed permits it is None and the attempt generation
+        # fences per task instead.
         fence = Fence(ctx.task_id, ctx.generation, ctx.concurrency_token)
         doc, version = await asyncio.to_thread(store.read, account)
         if any(e["task_id"] == ctx.task_id for e in doc["entries"]):

@@ -45,6 +45,7 @@ from .wire import (
     Offer,
     ServerError,
     ServerFrame,
+    SessionClosed,
     SessionCreate,
     SessionCreated,
     WorkerFrame,
@@ -274,6 +275,36 @@ class StreamConnection:
             self._ws = None
             self._connected.clear()
             self._fail_pending(lambda p: OrbitConnectionError("worker connection closed"))
+
+    async def end_session(self, wait: float = 5.0) -> SessionClosed | None:
+        """Graceful end: stop reconnecting, then close the current session on the server
+        (``DELETE …/workers/sessions/{sid}``: its unstarted offers go back to the queue at
+        once, anything still running is recovered like an expired session's attempts) —
+        instead of letting it expire ``lease_ms`` later. Best effort: a failure is logged,
+        the session then simply expires. ``wait`` bounds the call (seconds). Call
+        :meth:`close` afterwards."""
+        self._closing = True
+        self._stop.set()
+        session = self._session
+        if session is None:
+            return None
+        path = f"/v1/namespaces/{seg(self._ns)}/workers/sessions/{seg(session.session_id)}"
+        try:
+            async with asyncio.timeout(wait):
+                closed = await self._http.call(
+                    "DELETE", path, SessionClosed, token=session.session_token
+                )
+        except (OrbitError, TimeoutError) as exc:
+            logger.warning("worker session %s not closed: %s", session.session_id, exc)
+            return None
+        self._session = None
+        logger.info(
+            "worker session %s closed (%d offers released, %d running attempts recovered)",
+            session.session_id,
+            closed.released_offers,
+            closed.lost_attempts,
+        )
+        return closed
 
     async def close(self) -> None:
         """Stop reconnecting and close the stream; pending requests fail."""

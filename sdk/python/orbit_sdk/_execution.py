@@ -15,8 +15,30 @@ The lease is tracked on the local monotonic clock. Each extension (``started``, 
 it into a local deadline with its wall clock, bounded by two facts that need no clock
 agreement: the lease lasts at least ``heartbeat_ms`` past the moment the extending request
 was *sent* (else heartbeating could never keep it), and at most the session's ``lease_ms``
-past that moment (an attempt does not outlive its session). When the deadline passes
-without a new extension the handler is cancelled, so a holder that lost its lease stops.
+past that moment (an attempt does not outlive its session). When no extension came and the
+deadline is half a heartbeat interval away (``lease_margin``: the connection is down, or
+heartbeats go unanswered), the handler is cancelled and nothing is reported with its token:
+a holder that cannot keep its lease stops *before* recovery can take the lease and give the
+task to another worker.
+
+A ``start`` that gets no answer within ``start_timeout`` is sent again (at most
+``start_retries`` times): the server answers a re-sent start of an attempt it already
+started for this session with a new execution token, so a lost ``started`` costs nothing.
+
+A report (``complete``/``fail``/``cancelled``) the server refuses as *transient*
+(``not_ready`` — the database restarting, its pool or connection limit exhausted —,
+``rate_limited``, ``quota_exceeded``, ``internal``; :data:`TRANSIENT_REPORT_CODES`) is not
+final: it is sent again, with the same content and a new ``msg_id``, after the error's
+``Retry-After`` or a jittered backoff, whichever is longer. The attempt keeps heartbeating
+meanwhile (it still holds the lease). Receipts make this safe: the server answers a re-sent
+identical report with the original receipt. It gives up (``REPORT_LOST``) once the lease can
+no longer be held — ``lease_margin`` before the lease deadline as last extended, when the
+server reports the lease gone, or after ``report_retry_timeout`` seconds of refusals —
+see :func:`report_retry_wait`. ``stale_token`` and 4xx refusals are final
+(``REPORT_REJECTED``). A connection lost while a report is in flight is a separate,
+connection-level mechanism (``Resend.ALWAYS``): the same request is re-sent once per
+reconnect, and the retry loop only sends the next copy after the previous one was answered,
+so at most one copy of a report is outstanding at any time.
 """
 
 from __future__ import annotations
@@ -33,6 +55,7 @@ from typing import Any
 
 import msgspec
 
+from ._backoff import Backoff
 from ._connection import Resend, StreamConnection
 from .context import TaskContext
 from .errors import OrbitConnectionError, OrbitError, PermanentError, StaleToken, TaskError
@@ -43,12 +66,21 @@ from .wire import (
     Fail,
     Offer,
     Receipt,
+    ServerFrame,
     Start,
     StartDenied,
     Started,
 )
 
-__all__ = ["CancelReason", "Execution", "HandlerSpec", "Outcome"]
+__all__ = [
+    "TRANSIENT_REPORT_CODES",
+    "CancelReason",
+    "Execution",
+    "HandlerSpec",
+    "Outcome",
+    "report_refusal_is_transient",
+    "report_retry_wait",
+]
 
 logger = logging.getLogger("orbit_sdk.worker")
 _ENCODER = msgspec.json.Encoder()
@@ -86,7 +118,42 @@ class Outcome(enum.StrEnum):
     START_DENIED = "start_denied"  # the server refused start
     NOT_STARTED = "not_started"  # start got no answer (connection or session lost)
     REPORT_REJECTED = "report_rejected"  # the server refused the report (e.g. stale token)
-    REPORT_LOST = "report_lost"  # the report could not be delivered before shutdown
+    REPORT_LOST = "report_lost"  # not delivered (or not confirmed) while the lease could be held
+
+
+#: Error codes of a refused report that mean "not now", not "no": the same report is sent
+#: again (``not_ready`` 503: database restarting, pool or connection limit exhausted;
+#: ``rate_limited`` / ``quota_exceeded`` 429; ``internal`` 500, an unexpected server
+#: failure). Everything else (``stale_token``, ``conflict``, ``not_found``,
+#: ``invalid_request``, ...) is a final answer.
+TRANSIENT_REPORT_CODES = frozenset({"not_ready", "rate_limited", "quota_exceeded", "internal"})
+
+
+def report_refusal_is_transient(exc: OrbitError) -> bool:
+    """True when a report refused with ``exc`` may succeed if sent again later."""
+    if isinstance(exc, (StaleToken, OrbitConnectionError)):
+        return False
+    return exc.code in TRANSIENT_REPORT_CODES
+
+
+def report_retry_wait(
+    exc: OrbitError, *, now: float, give_up_at: float, backoff_delay: float
+) -> float | None:
+    """Seconds to wait before sending again a report the server refused with ``exc``, or
+    None to stop: the refusal is final (not :func:`report_refusal_is_transient`), or ``now``
+    is at or past ``give_up_at`` (the lease can no longer be held). The wait is the larger
+    of ``backoff_delay`` and the error's ``retry_after``, cut to ``give_up_at`` (one last
+    try while the lease still holds)."""
+    if not report_refusal_is_transient(exc):
+        return None
+    remaining = give_up_at - now
+    if remaining <= 0:
+        return None
+    wait = max(0.0, backoff_delay)
+    retry_after = getattr(exc, "retry_after", None)
+    if isinstance(retry_after, (int, float)) and retry_after > wait:
+        wait = float(retry_after)
+    return min(wait, remaining)
 
 
 class Execution:
@@ -102,6 +169,10 @@ class Execution:
         lease_ms: int,
         heartbeat_ms: int,
         retry_unknown_errors: bool,
+        start_timeout: float = 5.0,
+        start_retries: int = 2,
+        report_retry_timeout: float = 60.0,
+        report_backoff: Backoff | None = None,
     ) -> None:
         self.offer = offer
         self.attempt_id = offer.attempt_id
@@ -110,7 +181,15 @@ class Execution:
         self._connection = connection
         self._lease_s = lease_ms / 1000.0
         self._heartbeat_s = min(heartbeat_ms, lease_ms) / 1000.0
+        #: The handler is stopped this long BEFORE the lease deadline when no heartbeat
+        #: extended it: half a heartbeat interval, so a worker that cannot heartbeat stops
+        #: before recovery can take its lease away and give the task to someone else.
+        self.lease_margin = self._heartbeat_s / 2
+        self._start_timeout = start_timeout
+        self._start_retries = start_retries
         self._retry_unknown = retry_unknown_errors
+        self._report_retry_timeout = report_retry_timeout
+        self._report_backoff = report_backoff or Backoff(initial=0.2, maximum=5.0)
         self._loop = asyncio.get_running_loop()
         self.lease_deadline = 0.0  # loop time; set by `started`
         self.cancel_reason: CancelReason | None = None
@@ -158,10 +237,8 @@ class Execution:
 
     async def run(self) -> Outcome:
         """Start, run and report the attempt; never raises except on cancellation."""
-        sent_at = self._loop.time()
-        start = Start(msg_id=self._connection.next_msg_id(), attempt_id=self.attempt_id)
         try:
-            reply = await self._connection.request(start, resend=Resend.SAME_SESSION)
+            sent_at, reply = await self._start()
         except OrbitConnectionError as exc:
             logger.warning("attempt %s not started: %s", self.attempt_id, exc.message)
             return Outcome.NOT_STARTED
@@ -170,11 +247,15 @@ class Execution:
                 "attempt %s not started: %s (%s)", self.attempt_id, exc.code, exc.message
             )
             return Outcome.START_DENIED
+        if reply is None:
+            logger.warning(
+                "attempt %s not started: no answer to %d start requests",
+                self.attempt_id,
+                self._start_retries + 1,
+            )
+            return Outcome.NOT_STARTED
         if isinstance(reply, StartDenied):
-            # "already_started" after a re-sent start means the first `started` answer was
-            # lost with the connection: the server's lease on it will expire and recover it.
-            level = logging.WARNING if reply.reason == "already_started" else logging.INFO
-            logger.log(level, "attempt %s: start denied (%s)", self.attempt_id, reply.reason)
+            logger.info("attempt %s: start denied (%s)", self.attempt_id, reply.reason)
             return Outcome.START_DENIED
         if not isinstance(reply, Started):
             logger.error(
@@ -190,6 +271,33 @@ class Execution:
             return await self._report(report, outcome)
         finally:
             self.holds_lease = False
+
+    async def _start(self) -> tuple[float, ServerFrame | None]:
+        """Send ``start``; without an answer within ``start_timeout`` send it again (a new
+        ``msg_id``, the same attempt), at most ``start_retries`` more times. A re-sent start
+        of an attempt the server already started for this session answers ``started`` with
+        a NEW execution token (the lost one is stale), so a lost ``started`` reply costs
+        nothing. Returns (loop time the answered request was sent, its reply), or
+        (now, None) when no request was answered."""
+        for n in range(self._start_retries + 1):
+            sent_at = self._loop.time()
+            start = Start(msg_id=self._connection.next_msg_id(), attempt_id=self.attempt_id)
+            try:
+                async with asyncio.timeout(self._start_timeout):
+                    reply = await self._connection.request(start, resend=Resend.SAME_SESSION)
+            except TimeoutError:
+                if self.cancel_reason is CancelReason.LEASE_LOST:
+                    break  # the session is gone: the offer went with it
+                logger.warning(
+                    "attempt %s: no answer to start within %.1fs (%d of %d)",
+                    self.attempt_id,
+                    self._start_timeout,
+                    n + 1,
+                    self._start_retries + 1,
+                )
+                continue
+            return sent_at, reply
+        return self._loop.time(), None
 
     async def _execute(
         self, started: Started
@@ -229,9 +337,9 @@ class Execution:
                 handler.cancel()
                 await asyncio.wait({handler})
                 return
-            remaining = self.lease_deadline - self._loop.time()
+            remaining = self.lease_deadline - self.lease_margin - self._loop.time()
             if remaining <= 0:
-                self.lease_lost("lease not extended before it expired")
+                self.lease_lost("lease not extended by a heartbeat; stopping before it can expire")
                 continue
             self._wake.clear()
             waker = asyncio.create_task(self._wake.wait())
@@ -326,31 +434,100 @@ class Execution:
         return fail
 
     async def _report(self, report: Complete | Fail | Cancelled, outcome: Outcome) -> Outcome:
-        try:
-            reply = await self._connection.request(report, resend=Resend.ALWAYS)
-        except StaleToken:
-            logger.warning(
-                "attempt %s: report rejected, execution token is stale (the task moved on)",
-                self.attempt_id,
-            )
-            return Outcome.REPORT_REJECTED
-        except OrbitConnectionError as exc:
-            logger.error("attempt %s: report not delivered: %s", self.attempt_id, exc.message)
-            return Outcome.REPORT_LOST
-        except OrbitError as exc:
-            logger.error(
-                "attempt %s: report rejected: %s (%s)", self.attempt_id, exc.code, exc.message
-            )
-            return Outcome.REPORT_REJECTED
-        if isinstance(reply, Receipt):
-            logger.debug(
-                "attempt %s: receipt %s (%s), task %s",
-                self.attempt_id,
-                reply.receipt_id,
-                reply.outcome,
-                reply.task_state,
-            )
-        return outcome
+        """Send the report until it gets a receipt or a final answer; a transient refusal
+        is re-sent (same content, new ``msg_id``) while the lease can be held."""
+        first_refusal: float | None = None
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                reply = await self._connection.request(report, resend=Resend.ALWAYS)
+            except StaleToken:
+                logger.warning(
+                    "attempt %s: report rejected, execution token is stale (the task moved on)",
+                    self.attempt_id,
+                )
+                return Outcome.REPORT_REJECTED
+            except OrbitConnectionError as exc:
+                logger.error("attempt %s: report not delivered: %s", self.attempt_id, exc.message)
+                return Outcome.REPORT_LOST
+            except OrbitError as exc:
+                now = self._loop.time()
+                if first_refusal is None:
+                    first_refusal = now
+                if not report_refusal_is_transient(exc):
+                    logger.error(
+                        "attempt %s: report rejected: %s (%s)",
+                        self.attempt_id,
+                        exc.code,
+                        exc.message,
+                    )
+                    return Outcome.REPORT_REJECTED
+                wait = report_retry_wait(
+                    exc,
+                    now=now,
+                    give_up_at=self._report_give_up_at(first_refusal),
+                    backoff_delay=self._report_backoff.next_delay(),
+                )
+                if wait is None or self.cancel_reason is CancelReason.LEASE_LOST:
+                    self._log_report_given_up(exc, tries)
+                    return Outcome.REPORT_LOST
+                logger.warning(
+                    "attempt %s: report refused: %s (%s); sending it again in %.2fs (try %d)",
+                    self.attempt_id,
+                    exc.code,
+                    exc.message,
+                    wait,
+                    tries,
+                )
+                if not await self._pause(wait):
+                    self._log_report_given_up(exc, tries)
+                    return Outcome.REPORT_LOST
+                report = msgspec.structs.replace(report, msg_id=self._connection.next_msg_id())
+                continue
+            if isinstance(reply, Receipt):
+                logger.debug(
+                    "attempt %s: receipt %s (%s), task %s",
+                    self.attempt_id,
+                    reply.receipt_id,
+                    reply.outcome,
+                    reply.task_state,
+                )
+            return outcome
+
+    def _report_give_up_at(self, first_refusal: float) -> float:
+        """Loop time after which a refused report is not sent again: the moment the
+        handler would have been stopped for want of a heartbeat (``lease_margin`` before
+        the lease deadline as last extended), or ``report_retry_timeout`` after the first
+        refusal (a server that keeps answering heartbeats but refusing the report)."""
+        return min(
+            self.lease_deadline - self.lease_margin, first_refusal + self._report_retry_timeout
+        )
+
+    def _log_report_given_up(self, exc: OrbitError, tries: int) -> None:
+        logger.error(
+            "attempt %s: report refused %d times (last: %s, %s); giving up, the lease can no"
+            " longer be held (the server recovers the attempt)",
+            self.attempt_id,
+            tries,
+            exc.code,
+            exc.message,
+        )
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep ``seconds``; False (at once) when the lease is lost meanwhile."""
+        end = self._loop.time() + seconds
+        while self.cancel_reason is not CancelReason.LEASE_LOST:
+            remaining = end - self._loop.time()
+            if remaining <= 0:
+                return True
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
+            except TimeoutError:
+                return self.cancel_reason is not CancelReason.LEASE_LOST
+        return False
 
 
 class _NoHandler(TaskError):

@@ -112,16 +112,23 @@ class TasksAPI:
         kind: str | None = None,
         owner_id: str | None = None,
         dedup_key: str | None = None,
+        stuck: bool | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[Task]:
-        """One page of tasks matching the filters (cursors are bound to their filters)."""
+        """One page of tasks matching the filters (cursors are bound to their filters).
+
+        ``stuck=True``: only the tasks the server's stuck-work watchdog surfaced in their
+        current state (``Task.stuck_at`` / ``Task.stuck_reason`` say when and why);
+        ``stuck=False``: only the others; None: no filter.
+        """
         params = {
             "queue": queue,
             "state": state,
             "kind": kind,
             "owner_id": owner_id,
             "dedup_key": dedup_key,
+            "stuck": None if stuck is None else ("true" if stuck else "false"),
             "limit": limit,
             "cursor": cursor,
         }
@@ -136,6 +143,7 @@ class TasksAPI:
         kind: str | None = None,
         owner_id: str | None = None,
         dedup_key: str | None = None,
+        stuck: bool | None = None,
         page_size: int | None = None,
     ) -> AsyncIterator[Task]:
         """Every task matching the filters, following ``next_cursor`` page by page."""
@@ -147,6 +155,7 @@ class TasksAPI:
                 kind=kind,
                 owner_id=owner_id,
                 dedup_key=dedup_key,
+                stuck=stuck,
                 limit=page_size,
                 cursor=cursor,
             )

@@ -90,6 +90,11 @@ class Task(msgspec.Struct, kw_only=True):
     """True when submit found an existing task with the same identity (HTTP 200)."""
     cancel_requested: bool = False
     """True when cancel reached a running task (HTTP 202): the worker is asked to stop."""
+    stuck_at: datetime | None = None
+    """When the server's stuck-work watchdog surfaced the task in its current state (None
+    when it is not stuck)."""
+    stuck_reason: str | None = None
+    """Why it was surfaced, e.g. ``RUNNING for 612 s > stuck_after_ms 600000 on queue x``."""
 
     def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
         """The payload as Python values (or as ``type``)."""

@@ -43,6 +43,7 @@ __all__ = [
     "Receipt",
     "ServerError",
     "ServerFrame",
+    "SessionClosed",
     "SessionCreate",
     "SessionCreated",
     "Start",
@@ -98,6 +99,16 @@ class SessionCreated(msgspec.Struct, kw_only=True):
             f"instance_id={self.instance_id!r}, heartbeat_ms={self.heartbeat_ms}, "
             f"lease_ms={self.lease_ms})"
         )
+
+
+class SessionClosed(msgspec.Struct, kw_only=True):
+    """200 answer to ``DELETE …/workers/sessions/{sid}`` (the worker ends its session)."""
+
+    session_id: str
+    state: str
+    closed_at: str | None = None
+    released_offers: int = 0
+    lost_attempts: int = 0
 
 
 # ---------------------------------------------------------------- server → worker

@@ -81,6 +81,14 @@ class Worker:
         concurrency_keys: announce support for keyed concurrency (``ctx.concurrency_token``).
         instance_id: reuse a known worker instance id (default: the server assigns one, kept
             across reconnects).
+        start_timeout: seconds to wait for the answer to a ``start`` before re-sending it
+            (a lost ``started`` reply: the server answers a re-sent start of the same
+            session with a new execution token).
+        start_retries: how many times a ``start`` is re-sent after ``start_timeout``; then
+            the offer is given up (the server releases or recovers it).
+        report_retry_timeout: longest time (seconds) a report refused as transient
+            (``not_ready``, ``rate_limited``, ...) is sent again; it is given up earlier
+            when the attempt's lease can no longer be held (docs/sdk.md "Reports").
     """
 
     def __init__(
@@ -97,6 +105,9 @@ class Worker:
         instance_id: str | None = None,
         backoff: Backoff | None = None,
         http: httpx.AsyncClient | None = None,
+        start_timeout: float = 5.0,
+        start_retries: int = 2,
+        report_retry_timeout: float = 60.0,
     ) -> None:
         key = api_key if api_key is not None else os.environ.get("ORBIT_KEY")
         ns = namespace if namespace is not None else os.environ.get("ORBIT_NAMESPACE")
@@ -106,6 +117,13 @@ class Worker:
             raise ValueError("namespace is required (or set ORBIT_NAMESPACE)")
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
+        if start_timeout <= 0 or start_retries < 0:
+            raise ValueError("start_timeout must be > 0 and start_retries >= 0")
+        if report_retry_timeout < 0:
+            raise ValueError("report_retry_timeout must be >= 0")
+        self.report_retry_timeout = report_retry_timeout
+        self.start_timeout = start_timeout
+        self.start_retries = start_retries
         self.base_url = base_url or os.environ.get("ORBIT_URL") or DEFAULT_URL
         self.namespace = ns
         self.max_concurrency = max_concurrency
@@ -235,6 +253,9 @@ class Worker:
             await self._wait_for_stop(conn_task, until_idle, idle_timeout)
             if not conn_task.done():  # a dead connection cannot deliver reports: skip drain
                 await self._finish(connection)
+                # Finished or given back: end the session now (its offers return to the
+                # queue at once) rather than letting it expire.
+                await connection.end_session()
         finally:
             for restore_one in restore:
                 restore_one()
@@ -371,6 +392,9 @@ class Worker:
             lease_ms=session.lease_ms,
             heartbeat_ms=session.heartbeat_ms,
             retry_unknown_errors=self.retry_unknown_errors,
+            start_timeout=self.start_timeout,
+            start_retries=self.start_retries,
+            report_retry_timeout=self.report_retry_timeout,
         )
         task = asyncio.create_task(execution.run(), name=f"orbit-attempt-{offer.attempt_id}")
         self._executions[offer.attempt_id] = execution

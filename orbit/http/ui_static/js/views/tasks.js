@@ -1,4 +1,4 @@
-// Task search: filters (queue, state, kind, owner, dedup key), cursor paging, live refresh.
+// Task search: filters (queue, state, kind, owner, dedup key, stuck), cursor paging, live refresh.
 
 import { get, nsPath, serves } from "../api.js";
 import { field, h, table, uid } from "../dom.js";
@@ -6,7 +6,7 @@ import { num, shortId, state, time } from "../format.js";
 import { liveRegion, missing } from "../widgets.js";
 import { STATES } from "./queues.js";
 
-const FILTERS = ["queue", "state", "kind", "owner_id", "dedup_key"];
+const FILTERS = ["queue", "state", "kind", "owner_id", "dedup_key", "stuck"];
 
 export function mount(ctx) {
   ctx.setTitle("Tasks");
@@ -23,6 +23,10 @@ export function mount(ctx) {
     kind: h("input", { id: uid("f-kind"), type: "text", value: filters.kind, autocomplete: "off", spellcheck: "false" }),
     owner_id: h("input", { id: uid("f-owner"), type: "text", value: filters.owner_id, autocomplete: "off", spellcheck: "false", pattern: "[0-9a-f]{32}", maxlength: "32" }),
     dedup_key: h("input", { id: uid("f-dedup"), type: "text", value: filters.dedup_key, autocomplete: "off", spellcheck: "false" }),
+    // The stuck-work watchdog's marks (GET …/tasks?stuck=true|false).
+    stuck: h("select", { id: uid("f-stuck") },
+      [["", "Any"], ["true", "Stuck only"], ["false", "Not stuck"]].map(([v, label]) =>
+        h("option", { value: v, selected: filters.stuck === v }, label))),
     limit: h("select", { id: uid("f-limit") }, ["25", "50", "100", "200"].map((n) => h("option", { value: n, selected: n === pageSize }, n))),
   };
   const queueNames = h("datalist", { id: "queue-names" });
@@ -30,6 +34,7 @@ export function mount(ctx) {
   const form = h("form", { class: "filters", role: "search", "aria-label": "Task filters", novalidate: true },
     field("Queue", controls.queue), field("State", controls.state), field("Kind", controls.kind),
     field("Owner id", controls.owner_id, "32 hex"), field("Dedup key", controls.dedup_key),
+    field("Stuck", controls.stuck),
     field("Per page", controls.limit),
     h("div", { class: "form-actions" },
       h("button", { type: "submit" }, "Search"),
@@ -87,7 +92,8 @@ export function mount(ctx) {
       h("th", { scope: "row" }, h("a", { href: `#/tasks/${t.id}`, class: "mono", title: t.id, "aria-label": `Task ${t.id}` }, shortId(t.id))),
       h("td", {}, t.queue),
       h("td", {}, t.kind),
-      h("td", {}, state(t.state), t.effect_uncertain ? h("span", { class: "flag", title: "effect uncertain" }, " ⚠ uncertain") : null),
+      h("td", {}, state(t.state), t.effect_uncertain ? h("span", { class: "flag", title: "effect uncertain" }, " ⚠ uncertain") : null,
+        t.stuck_at ? h("span", { class: "flag", title: t.stuck_reason || "stuck" }, " ⏱ stuck") : null),
       h("td", { class: "num" }, `${num(t.attempts)} / ${num(t.max_attempts)}`),
       h("td", { class: "num" }, num(t.priority)),
       h("td", { class: "small" }, t.dedup_key ?? "—"),
