@@ -73,8 +73,11 @@ class ScratchDatabase:
             cwd=ROOT,
         )
 
-    def bootstrap(self, application: str, namespace: str) -> dict[str, Any]:
-        """``orbit admin bootstrap``: the JSON line it prints."""
+    def bootstrap(
+        self, application: str, namespace: str, global_admin: bool = False
+    ) -> dict[str, Any]:
+        """``orbit admin bootstrap``: the JSON line it prints (``global_admin``: the key may
+        also create applications — S5 creates its owners with it)."""
         out = subprocess.run(
             [
                 _tool("orbit"),
@@ -84,6 +87,7 @@ class ScratchDatabase:
                 application,
                 "--namespace",
                 namespace,
+                *(["--global-admin"] if global_admin else []),
                 "--dsn",
                 self.url(),
             ],
@@ -221,18 +225,18 @@ class WorkerProcs:
         sessions: int,
         concurrency: int,
         env: dict[str, str] | None = None,
+        targets: list[dict[str, str]] | None = None,
     ) -> None:
-        args = json.dumps(
-            {
-                "url": url,
-                "key": key,
-                "namespace": namespace,
-                "queue": queue,
-                "sessions": sessions,
-                "concurrency": concurrency,
-            }
-        )
-        for _ in range(processes):
+        """``processes`` worker processes of ``sessions`` sessions each in ``namespace``; or,
+        with ``targets`` (``{"key", "namespace"}`` per session), one session per target,
+        the targets split evenly over the processes."""
+        base = {"url": url, "key": key, "namespace": namespace, "queue": queue,
+                "sessions": sessions, "concurrency": concurrency}  # fmt: skip
+        for i in range(processes):
+            one = dict(base)
+            if targets is not None:
+                one["targets"] = targets[i::processes]
+            args = json.dumps(one)
             self.procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "bench.worker", args],

@@ -103,74 +103,166 @@ def markdown(out: dict[str, Any]) -> str:
     ]
     for k in RATIO_KEYS:
         lines.append(f"| `{k}` | {_fmt(r.get(k))} | {TARGETS[k]} |")
-    lines += ["", "## Figures", "", "| figure | value | baseline (same run) |", "| --- | ---: | --- |"]
+    lines += [
+        "",
+        "## Figures",
+        "",
+        "Load = the 1-minute load average at the start → end of the step that measured the "
+        "figure (2 cores; above 2 the box was oversubscribed by its other tenants).",
+        "",
+        "| figure | value | baseline (same run) | load |",
+        "| --- | ---: | --- | --- |",
+    ]
+    steps = out.get("load_by_step") or {}
+
+    def load(step: str) -> str:
+        v = steps.get(step)
+        return f"{v[0]} → {v[1]}" if v else "—"
+
     dbl = raw.get("db_limit") or {}
     base = (
         f"DB limit one-row {_fmt(_get(dbl, 'one_row', 'per_s'))}/s, "
-        f"batched {_fmt(_get(dbl, 'batched', 'per_s'))}/s"
+        f"batched {_fmt(_get(dbl, 'batched', 'per_s'))}/s (load {load('DB limit')})"
     )
     pq = _get(raw, "peers", "pgqueuer") or {}
     if _get(pq, "throughput", "per_s") is not None:
-        base += f"; PgQueuer throughput {_fmt(_get(pq, 'throughput', 'per_s'))}/s"
+        base += f"; PgQueuer throughput {_fmt(_get(pq, 'throughput', 'per_s'))}/s (load {load('peers')})"
     s1 = raw.get("s1") or {}
-    lines.append(f"| S1 end to end (results delivered/s) | {_fmt(s1.get('tasks_per_s'))} | {base} |")
-    lines.append(f"| S1 completed/s (tasks SUCCEEDED) | {_fmt(s1.get('completed_per_s'))} | |")
+    row = lines.append
+    row(
+        f"| S1 end to end (results delivered/s) | {_fmt(s1.get('tasks_per_s'))} | {base} | {load('S1')} |"
+    )
+    row(
+        f"| S1 completed/s (tasks SUCCEEDED) | {_fmt(s1.get('completed_per_s'))} | | {load('S1')} |"
+    )
     lat = s1.get("submit_to_result_ms") or {}
-    lines.append(
+    row(
         f"| S1 submit → result delivery p50 / p99 ms | {_fmt(lat.get('p50_ms'))} / "
         f"{_fmt(lat.get('p99_ms'))} | at saturation, ≤ {_get(s1, 'config', 'max_outstanding')} "
-        "outstanding |"
+        f"outstanding | {load('S1')} |"
     )
-    lines.append(
+    row(
         f"| S1 server CPU s per 1,000 tasks | {_fmt(s1.get('server_cpu_s_per_1000'))} | "
         f"server CPU use {_fmt(s1.get('server_cpu_util'))} cores, workers "
-        f"{_fmt(s1.get('workers_cpu_util'))} |"
+        f"{_fmt(s1.get('workers_cpu_util'))}, MariaDB {_fmt(s1.get('mariadb_cpu_util'))} | {load('S1')} |"
     )
     s2 = raw.get("s2") or {}
     hs = s2.get("submit_to_handler_start") or {}
     pq_lat = _get(pq, "latency") or {}
-    lines.append(
+    row(
         f"| S2 submit → handler start p50 / p99 ms | {_fmt(hs.get('p50_ms'))} / "
         f"{_fmt(hs.get('p99_ms'))} | PgQueuer LISTEN/NOTIFY {_fmt(pq_lat.get('p50_ms'))} / "
-        f"{_fmt(pq_lat.get('p99_ms'))} |"
+        f"{_fmt(pq_lat.get('p99_ms'))} | {load('S2')} |"
     )
     s3 = raw.get("s3") or {}
-    lines.append(
+    row(
         f"| S3 single submit/s (16 clients) | {_fmt(_get(s3, 'single', 'per_s'))} | PgQueuer "
-        f"one-by-one enqueue {_fmt(_get(pq, 'enqueue_one_by_one', 'per_s'))}/s |"
+        f"one-by-one enqueue {_fmt(_get(pq, 'enqueue_one_by_one', 'per_s'))}/s | {load('S3')} |"
     )
-    lines.append(f"| S3 batch submit/s | {_fmt(_get(s3, 'batch', 'per_s'))} | DB batched insert |")
+    row(
+        f"| S3 batch submit/s | {_fmt(_get(s3, 'batch', 'per_s'))} | DB batched insert | {load('S3')} |"
+    )
     for level, fig in (_get(raw, "s4", "levels") or {}).items():
-        lines.append(f"| S4 S1 tasks/s at {int(level):,} backlog | {_fmt(fig.get('tasks_per_s'))} | |")
+        la = fig.get("load_avg") or ["—"]
+        row(
+            f"| S4 at {int(level):,} backlog: delivered/s (completed/s) | "
+            f"{_fmt(fig.get('tasks_per_s'))} ({_fmt(fig.get('completed_per_s'))}) | dispatch "
+            f"EXPLAIN: {_explain_note(fig.get('explain'))}; subscriber leg alone "
+            f"{_fmt(_get(fig, 'subscriber_leg', 'acked_per_s'))} acks/s | {la[0]} |"
+        )
+    for key, title in (("owners_1", "1 owner"), ("owners_100", "100 owners")):
+        fig = _get(raw, "s5", key)
+        if isinstance(fig, dict) and "tasks_per_s" in fig:
+            po = fig.get("per_owner_results") or {}
+            la = fig.get("load_avg") or ["—"]
+            lat5 = fig.get("submit_to_result_ms") or {}
+            row(
+                f"| S5 {title}: delivered/s (completed/s) | {_fmt(fig['tasks_per_s'])} "
+                f"({_fmt(fig.get('completed_per_s'))}) | p50/p99 {_fmt(lat5.get('p50_ms'))} / "
+                f"{_fmt(lat5.get('p99_ms'))} ms; server CPU s/1,000 "
+                f"{_fmt(fig.get('server_cpu_s_per_1000'))}; per-owner results min/max "
+                f"{po.get('min')}/{po.get('max')}, Jain {po.get('jain_index')} | {la[0]} |"
+            )
+    s6 = raw.get("s6") or {}
+    if s6.get("rss_mb_with_sessions") is not None:
+        row(
+            f"| S6 server RSS, {s6.get('sessions_connected')} sessions + 1M backlog | "
+            f"{_fmt(s6.get('rss_mb_with_sessions'))} MB | before they connected "
+            f"{_fmt(s6.get('rss_mb_before'))} MB | {load('S6')} |"
+        )
     for name, peer in (raw.get("peers") or {}).items():
         if isinstance(peer, dict):
             for k, v in peer.items():
                 if isinstance(v, dict) and "per_s" in v:
-                    lines.append(f"| peer {name} {k} | {_fmt(v['per_s'])}/s | |")
+                    row(f"| peer {name} {k} | {_fmt(v['per_s'])}/s | | {load('peers')} |")
                 elif k in ("not_measured", "error"):
-                    lines.append(f"| peer {name} | not measured | {v} |")
+                    row(f"| peer {name} | not measured | {v} | |")
+    prof = s1.get("profile")
+    if isinstance(prof, dict) and prof.get("svg") and "samples" in prof:
+        lines += ["", "## Profile of the server during S1", ""]
+        lines.append(
+            f"Flame graph `{_rel(prof['svg'])}`, summary `{_rel(prof.get('top', ''))}` "
+            f"({prof.get('samples')} samples). Busiest asyncio tasks:"
+        )
+        lines.append("")
+        for name, share in prof.get("by_task") or []:
+            lines.append(f"- {share:.1%} {name}")
+    if out.get("plots"):
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p}]({p})" for p in out["plots"]]
     for note in out.get("notes") or []:
         lines += ["", note]
     lines += ["", "Raw figures: the JSON file of the same name.", ""]
     return "\n".join(lines)
 
 
+def _rel(path: str) -> str:
+    """``path`` relative to the repository (reports/…) when it is inside it."""
+    marker = "/reports/"
+    return path[path.index(marker) + 1 :] if marker in path else path
+
+
+def _explain_note(plan: Any) -> str:
+    if not isinstance(plan, list) or not plan:
+        return "—"
+    p = plan[0]
+    return f"{p.get('type')} on `{p.get('key')}`, rows {p.get('rows')}"
+
+
 def write(out: dict[str, Any], out_dir: Path, label: str) -> list[Path]:
+    """``<stem>.json``, ``<stem>.md`` and the PNG plots (``<stem>-*.png``, when matplotlib
+    is installed: ``pip install -e '.[bench]'``; without it, or when a plot fails, the run
+    goes on and the summary says so)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
     stem = f"{stamp}-{label}" if label else stamp
     jpath = out_dir / f"{stem}.json"
     mpath = out_dir / f"{stem}.md"
-    jpath.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-    mpath.write_text(markdown(out), encoding="utf-8")
-    paths = [jpath, mpath]
+    plots: list[Path] = []
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        pass
-    else:  # pragma: no cover - matplotlib is not a dependency
-        paths += _plots(out, out_dir, stem)
-    return paths
+        out.setdefault("notes", []).append(
+            "Plots skipped: matplotlib is not installed (`pip install -e '.[bench]'`)."
+        )
+    else:
+        try:
+            plots = _plots(out, out_dir, stem)
+        except Exception as exc:  # a plot must never fail the run
+            out.setdefault("notes", []).append(f"Plots failed: {type(exc).__name__}: {exc}")
+    out["plots"] = [p.name for p in plots]
+    jpath.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+    mpath.write_text(markdown(out), encoding="utf-8")
+    return [jpath, mpath, *plots]
+
+
+def _target_fraction(key: str, value: Any) -> float | None:
+    """How far ``value`` is toward its target: 1.0 = met exactly, above 1 = met with room."""
+    if not isinstance(value, int | float) or value <= 0:
+        return None
+    op, _, num = TARGETS[key].partition(" ")
+    target = float(num)
+    return value / target if op == ">=" else target / value
 
 
 def _plots(out: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
@@ -178,23 +270,133 @@ def _plots(out: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     raw = out["raw"]
+    load = out["machine"].get("load_avg"), out["machine"].get("load_avg_end")
+    foot = f"load average at start {load[0]}, at end {load[1]} (shared 2-core box)"
+    paths: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.text(0.01, 0.01, foot, fontsize=7, color="grey")
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        path = out_dir / f"{stem}-{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+
+    # 1. every ratio against its target
+    keys, fracs, labels = [], [], []
+    for k in RATIO_KEYS:
+        f = _target_fraction(k, out["ratios"].get(k))
+        if f is not None:
+            keys.append(k)
+            fracs.append(f)
+            labels.append(f"{_fmt(out['ratios'][k])} ({TARGETS[k]})")
+    if keys:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        colors = ["tab:green" if f >= 1 else "tab:red" for f in fracs]
+        bars = ax.barh(keys, fracs, color=colors)
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_xscale("log")
+        ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20)
+                 if min(fracs) / 2 <= t <= max(fracs) * 2]  # fmt: skip
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("measured / target (1 = target met; log scale)")
+        ax.invert_yaxis()
+        for bar, text in zip(bars, labels, strict=True):
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text,
+                    va="center", fontsize=8)  # fmt: skip
+        ax.set_title("Issue 9 targets: ratio of each figure to its target (same run)")
+        save(fig, "ratios")
+
+    # 2. S1 (and S5) throughput next to the same run's baselines
     names, values = [], []
     for label, v in (
-        ("S1", _get(raw, "s1", "tasks_per_s")),
+        ("S1 delivered", _get(raw, "s1", "tasks_per_s")),
+        ("S1 completed", _get(raw, "s1", "completed_per_s")),
+        ("S5 1 owner", _get(raw, "s5", "owners_1", "tasks_per_s")),
+        ("S5 100 owners", _get(raw, "s5", "owners_100", "tasks_per_s")),
         ("DB one-row", _get(raw, "db_limit", "one_row", "per_s")),
         ("DB batched", _get(raw, "db_limit", "batched", "per_s")),
-        ("PgQueuer", _get(raw, "peers", "pgqueuer", "throughput", "per_s")),
+        ("PgQueuer thr.", _get(raw, "peers", "pgqueuer", "throughput", "per_s")),
+        ("Procrastinate", _get(raw, "peers", "procrastinate", "drain", "per_s")),
     ):
         if isinstance(v, int | float):
             names.append(label)
             values.append(v)
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(names, values)
-    ax.set_ylabel("tasks/s")
-    path = out_dir / f"{stem}-throughput.png"
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return [path]
+    if names:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        colors = ["tab:blue" if n.startswith(("S1", "S5")) else "tab:grey" for n in names]
+        bars = ax.bar(names, values, color=colors)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        ax.set_ylabel("tasks/s")
+        ax.set_title("End-to-end throughput and the same run's baselines")
+        ax.tick_params(axis="x", labelsize=8, rotation=20)
+        save(fig, "throughput")
+
+    # 3. S4: throughput against the backlog
+    levels = _get(raw, "s4", "levels") or {}
+    pts = sorted((int(k), v) for k, v in levels.items() if isinstance(v, dict))
+    if pts:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        xs = [k for k, _ in pts]
+        ax.plot(xs, [v.get("tasks_per_s") for _, v in pts], "o-", label="results delivered/s")
+        ax.plot(xs, [v.get("completed_per_s") for _, v in pts], "s--", label="tasks completed/s")
+        ax.set_xscale("log")
+        ax.set_xlabel("WAITING tasks in the queue (not due)")
+        ax.set_ylabel("tasks/s")
+        ax.set_ylim(bottom=0)
+        legs = [_get(v, "subscriber_leg", "acked_per_s") for _, v in pts]
+        if any(isinstance(x, int | float) for x in legs):
+            ax2 = ax.twinx()
+            ax2.plot(xs, legs, "^:", color="tab:green", label="subscriber leg alone, acks/s")
+            ax2.set_ylabel("acks/s (subscriber leg alone)")
+            ax2.set_ylim(bottom=0)
+            ax2.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="lower left")
+        ax.set_title("S4: S1 throughput vs. backlog")
+        save(fig, "s4-backlog")
+
+    # 4. S2: latency percentiles (and PgQueuer's, measured the same way)
+    series = [
+        ("submit → handler start", _get(raw, "s2", "submit_to_handler_start")),
+        ("submit → result delivery", _get(raw, "s2", "submit_to_result_delivery")),
+        ("PgQueuer LISTEN/NOTIFY", _get(raw, "peers", "pgqueuer", "latency")),
+    ]
+    series = [(n, v) for n, v in series if isinstance(v, dict) and v.get("p50_ms") is not None]
+    if series:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        qs = ["p50_ms", "p90_ms", "p99_ms"]
+        width = 0.8 / len(series)
+        for i, (name, v) in enumerate(series):
+            xs = [j + i * width for j in range(len(qs))]
+            vals = [v.get(q) for q in qs]
+            bars = ax.bar(xs, [x or 0 for x in vals], width, label=name)
+            ax.bar_label(bars, labels=["—" if x is None else f"{x:.1f}" for x in vals],
+                         fontsize=7)  # fmt: skip
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(qs))],
+                      ["p50", "p90", "p99"])  # fmt: skip
+        ax.axhline(10, color="tab:green", linestyle=":", linewidth=1, label="p50 target 10 ms")
+        ax.axhline(50, color="tab:red", linestyle=":", linewidth=1, label="p99 target 50 ms")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=7)
+        ax.set_title("S2: idle-system latency percentiles")
+        save(fig, "s2-latency")
+
+    # 5. S5: one owner vs 100 owners
+    one, many = _get(raw, "s5", "owners_1"), _get(raw, "s5", "owners_100")
+    if isinstance(one, dict) and isinstance(many, dict) and "tasks_per_s" in one:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.2))
+        for ax, key, unit in ((a1, "tasks_per_s", "results delivered/s"),
+                              (a2, "completed_per_s", "tasks completed/s")):  # fmt: skip
+            bars = ax.bar(["1 owner", "100 owners"], [one.get(key) or 0, many.get(key) or 0],
+                          color=["tab:grey", "tab:blue"])  # fmt: skip
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+            ax.set_ylabel(unit)
+        jain = _get(many, "per_owner_results", "jain_index")
+        fig.suptitle(f"S5: the same load from 1 vs 100 owners (Jain index of 100: {jain})",
+                     fontsize=10)  # fmt: skip
+        save(fig, "s5-owners")
+    return paths

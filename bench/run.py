@@ -22,8 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import dblimit, peers, report
+from bench import dblimit, fairness, peers, report
 from bench.env import ROOT, ScratchDatabase, Server, machine
+from bench.fairness import S5Config
 from bench.scenarios import (
     S1Config,
     Tenant,
@@ -33,6 +34,7 @@ from bench.scenarios import (
     s2,
     s3,
 )
+from bench.subscriber_leg import subscriber_leg
 
 ALL = ("DB", "PEERS", "S1", "S2", "S3", "S4", "S5", "S6")
 QUICK = ("DB", "S1", "S2")
@@ -47,6 +49,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--s1-seconds", type=float, default=None)
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--profile", action="store_true", help="py-spy the server during S1")
+    p.add_argument("--profile-dir", default=str(ROOT / "reports" / "profiles"),
+                   help="where --profile writes s1-<label>.svg and s1-<label>-top.txt")  # fmt: skip
     p.add_argument(
         "--server-tree",
         default=None,
@@ -66,6 +70,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "quick" if quick else "full",
         "machine": machine(),
         "raw": {},
+        "load_by_step": {},
         "notes": [],
     }
     raw = out["raw"]
@@ -74,7 +79,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     server: Server | None = None
     try:
         db.migrate()
-        boot = db.bootstrap("bench", "bench")
+        boot = db.bootstrap("bench", "bench", global_admin=True)  # S5 makes owners
         log_dir = Path(tempfile.gettempdir()) / "orbit-bench-logs"  # the server's stderr
         await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
         tree = args.server_tree_path
@@ -87,12 +92,15 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         async def step(name: str, coro: Any) -> Any:
             print(f"[bench] {name} ...", flush=True)
             began = time.monotonic()
+            load0 = round(os.getloadavg()[0], 2)
             try:
                 value = await coro
             except Exception as exc:
                 traceback.print_exc()
                 value = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"[bench] {name} done in {time.monotonic() - began:.1f}s", flush=True)
+            # How loaded the shared box was during this step (1-minute load average).
+            out["load_by_step"][name] = [load0, round(os.getloadavg()[0], 2)]
             return value
 
         if "DB" in want:
@@ -108,14 +116,17 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             if args.s1_seconds:
                 cfg.seconds = args.s1_seconds
             if args.profile:
-                cfg.profile = str(Path(args.out_dir) / "profiles" / f"s1-{args.label or 'run'}")
+                cfg.profile = str(Path(args.profile_dir) / f"s1-{args.label or 'run'}")
             raw["s1"] = await step("S1", s1(server, t, db, cfg))
         if "S3" in want:
             raw["s3"] = await step("S3", s3(t, 4.0 if quick else 8.0))
+        if "S5" in want:  # before S4: S4 leaves a 1M backlog behind
+            s5cfg = S5Config(seconds=6.0, warmup=2.0, drain_s=10.0) if quick else S5Config()
+            if args.profile:
+                s5cfg.profile = str(Path(args.profile_dir) / f"s5-{args.label or 'run'}")
+            raw["s5"] = await step("S5", fairness.s5(server, t, db, s5cfg))
         if "S4" in want:
             raw["s4"] = await step("S4", _s4(server, t, db))
-        if "S5" in want:
-            raw["s5"] = await step("S5", _s5(server, t, db, boot))
         if "S6" in want:
             raw["s6"] = await step("S6", _s6(server, t, db))
         if server.proc is not None:
@@ -145,20 +156,19 @@ async def _s4(server: Server, t: Tenant, db: ScratchDatabase) -> dict[str, Any]:
         fig = await s1(server, t, db, cfg)
         fig["backlog_insert_s"] = round(took, 1)
         fig["explain"] = await explain_dispatch(db, t, queue)
+        # The subscriber leg alone at this backlog: a burst of result events handed out and
+        # acked through one WebSocket subscriber (bench/subscriber_leg.py).
+        fig["subscriber_leg"] = await subscriber_leg(server, t, db)
         out["levels"][str(level)] = fig
-        print(f"[bench]   S4 {level}: {fig['tasks_per_s']} tasks/s", flush=True)
+        print(f"[bench]   S4 {level}: {fig['tasks_per_s']} tasks/s; subscriber leg alone "
+              f"{fig['subscriber_leg'].get('acked_per_s')} acks/s", flush=True)  # fmt: skip
     out["server_rss_mb_at_1m"] = round(server.sample().rss_kb / 1024, 1)
     return out
 
 
-async def _s5(server: Server, t: Tenant, db: ScratchDatabase, boot: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "not_measured": "not built this round: it needs 100 applications, 100 namespaces, "
-        "100 worker sessions and per-namespace result counting; see reports/bench/README"
-    }
-
-
-async def _s6(server: Server, t: Tenant, db: ScratchDatabase, sessions: int = 200) -> dict[str, Any]:
+async def _s6(
+    server: Server, t: Tenant, db: ScratchDatabase, sessions: int = 200
+) -> dict[str, Any]:
     """Server RSS with ``sessions`` connected (idle) worker sessions, after S4 left its
     backlog (up to 1M WAITING tasks) in the table; CPU per 1,000 tasks comes from S1."""
     import httpx

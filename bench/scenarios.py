@@ -16,6 +16,7 @@ import re
 import secrets
 import statistics
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -137,11 +138,16 @@ async def count_state(db: ScratchDatabase, namespace: str, queue: str, state: st
         conn = db.connect()
         try:
             with conn.cursor() as cur:
+                # By queue id: a range of ix_pulse_tasks_dispatch (namespace, queue, state).
+                # (By queue_name it read every task of the namespace in that state, seconds
+                # a call with S4's backlog, and loaded the database during the window.)
                 cur.execute(
-                    "SELECT COUNT(*) FROM pulse_tasks t JOIN orbit_namespaces n"
-                    " ON n.id = t.namespace_id WHERE n.name = %s AND t.namespace_id = n.id"
-                    " AND t.queue_name = %s AND t.state = %s",
-                    (namespace, queue, state),
+                    "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
+                    " ON q.namespace_id = n.id AND q.name = %s"
+                    " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
+                    " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id AND t.state = %s"
+                    " WHERE n.name = %s",
+                    (queue, state, namespace),
                 )
                 return int(cur.fetchone()[0])
         finally:
@@ -244,7 +250,8 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         s0 = server.sample()
         pids = sample_pids() if sample_pids else workers.pids()
         w0 = [proc_sample(p) for p in pids]
-        m0 = [proc_sample(p) for p in _mariadb_pids()]
+        mpids = _mariadb_pids()
+        m0 = [proc_sample(p) for p in mpids]
         d0 = _self_cpu()
         spy = _start_profile(server, cfg)
         await asyncio.sleep(cfg.seconds)
@@ -253,7 +260,7 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         done1 = await count_state(db, t.namespace, queue, "SUCCEEDED")
         s1_ = server.sample()
         w1 = [proc_sample(p) for p in pids]
-        m1 = [proc_sample(p) for p in _mariadb_pids()]
+        m1 = [proc_sample(p) for p in mpids]
         d1 = _self_cpu()
         metrics = await _scrape(client, server, "pulse_group_commit")
         stop.set()
@@ -323,27 +330,31 @@ async def _scrape(client: httpx.AsyncClient, server: Server, prefix: str) -> dic
 
 
 def _start_profile(server: Server, cfg: S1Config) -> Any:
+    """py-spy (from ``ORBIT_BENCH_PEERS/bin``) on the server for the window: a flame graph
+    (``<stem>.svg``) and raw collapsed stacks (a temporary file, summarised afterwards into
+    ``<stem>-top.txt`` by :func:`write_profile_summary`)."""
     if not cfg.profile or server.proc is None:
         return None
     spy = PEERS_DIR / "bin" / "py-spy"
     if not spy.exists():
-        return None
+        return {"not_measured": f"py-spy not found at {spy} (bench/install-peers)"}
     Path(cfg.profile).parent.mkdir(parents=True, exist_ok=True)
+    raw = Path(tempfile.gettempdir()) / f"orbit-bench-{Path(cfg.profile).name}.collapsed"
     common = ["--pid", str(server.proc.pid), "--duration", str(int(cfg.seconds)),
               "--rate", "200", "--nonblocking"]  # fmt: skip
     procs = [
         subprocess.Popen([str(spy), "record", "-o", cfg.profile + ".svg", *common],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        subprocess.Popen([str(spy), "record", "-f", "raw", "-o", cfg.profile + ".txt", *common],
+        subprocess.Popen([str(spy), "record", "-f", "raw", "-o", str(raw), *common],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
     ]  # fmt: skip
-    return (procs, cfg.profile)
+    return (procs, cfg.profile, raw)
 
 
 async def _finish_profile(spy: Any) -> dict[str, Any] | None:
-    if spy is None:
-        return None
-    procs, stem = spy
+    if spy is None or isinstance(spy, dict):
+        return spy
+    procs, stem, raw = spy
     for p in procs:
         for _ in range(300):
             if p.poll() is not None:
@@ -351,32 +362,86 @@ async def _finish_profile(spy: Any) -> dict[str, Any] | None:
             await asyncio.sleep(0.1)
         if p.poll() is None:
             p.kill()
-    return {"svg": stem + ".svg", "collapsed": stem + ".txt",
-            "top": top_frames(Path(stem + ".txt"))}  # fmt: skip
+    summary = write_profile_summary(raw, Path(stem + "-top.txt"))
+    with contextlib.suppress(OSError):
+        raw.unlink()
+    return {"svg": stem + ".svg", "top": stem + "-top.txt", **summary}
 
 
-_FRAME_LINE = re.compile(r":\d+\)$")
+_FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>[^:()]*)(?::\d+)?\)$")
+_OWN = ("orbit/", "pulse/", "weave/", "orbit_cmd/")
+_LOOP = ("Runner.run", "run", "<module>", "main", "_run", "run_until_complete", "run_forever",
+         "_run_once", "Handle._run")  # fmt: skip
 
 
-def top_frames(path: Path, n: int = 25) -> list[tuple[str, float]]:
-    """Inclusive share of samples per function from py-spy's collapsed stacks."""
-    if not path.exists():
-        return []
+def _parse_frame(frame: str) -> tuple[str, str]:
+    m = _FRAME.match(frame)
+    return (m["fn"], m["file"]) if m else (frame, "")
+
+
+def profile_summary(path: Path, n: int = 25) -> dict[str, Any]:
+    """Shares of py-spy's raw collapsed stacks: by asyncio task (the coroutine each sample
+    runs under), by Orbit module (the deepest own-code frame), by function inclusive and
+    by leaf function (self time)."""
+    by_task: Counter[str] = Counter()
+    by_module: Counter[str] = Counter()
     incl: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
     total = 0
-    for line in path.read_text().splitlines():
+    if not path.exists():
+        return {"samples": 0}
+    for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
+        if not count.isdigit() or not stack:
             continue
         c = int(count)
         total += c
-        seen = set()
-        for frame in stack.split(";"):
-            name = _FRAME_LINE.sub(")", frame)
-            if name not in seen:
-                seen.add(name)
-                incl[name] += c
-    return [(k, round(v / total, 3)) for k, v in incl.most_common(n)] if total else []
+        frames = [_parse_frame(f) for f in stack.split(";")]
+        task = next((fn for fn, file in frames if fn not in _LOOP and "asyncio/" not in file
+                     and "uvloop/" not in file and file != "orbit-server"),
+                    f"(loop) {frames[-1][0]}")  # fmt: skip
+        by_task[task] += c
+        # The deepest own-code frame that is not the storage layer or the entry point: the
+        # module whose work this sample is (its queries' driver time included).
+        own = [file for _, file in frames if file.startswith(_OWN)
+               and not file.startswith(("orbit/storage/", "orbit_cmd/"))]  # fmt: skip
+        by_module[own[-1] if own else "(no Orbit frame: driver/HTTP/WebSocket callbacks)"] += c
+        seen: set[str] = set()
+        for fn, file in frames:
+            key = f"{fn} ({file})"
+            if key not in seen:
+                seen.add(key)
+                incl[key] += c
+        fn, file = frames[-1]
+        leaf[f"{fn} ({file})"] += c
+
+    def top(counter: Counter[str], k: int) -> list[tuple[str, float]]:
+        return [(name, round(v / total, 3)) for name, v in counter.most_common(k)] if total else []
+
+    return {"samples": total, "by_task": top(by_task, 15), "by_module": top(by_module, 20),
+            "inclusive": top(incl, n), "self": top(leaf, n)}  # fmt: skip
+
+
+def write_profile_summary(raw: Path, out: Path) -> dict[str, Any]:
+    """:func:`profile_summary` of ``raw`` as a short text file ``out``; returns the summary
+    (first entries only, for the JSON report)."""
+    summ = profile_summary(raw)
+    lines = [
+        f"py-spy samples of the server ({out.stem.removesuffix('-top')}): {summ['samples']} "
+        "(200 Hz, --nonblocking, busy threads only; a sample whose stack was read while it "
+        "changed can miss its outer frames: those land under '(loop)' / 'no Orbit frame')",
+        "",
+    ]
+    titles = {"by_task": "by asyncio task (entry coroutine)",
+              "by_module": "by Orbit module (deepest own-code frame)",
+              "inclusive": "top functions, inclusive", "self": "top functions, self (leaf)"}  # fmt: skip
+    for key, title in titles.items():
+        lines += [f"## {title}", ""]
+        lines += [f"{share:6.1%}  {name}" for name, share in summ.get(key, [])]
+        lines.append("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return {k: (v[:8] if isinstance(v, list) else v) for k, v in summ.items()}
 
 
 # -- S2 idle dispatch latency ----------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 Runs ``sessions`` SDK :class:`~orbit_sdk.Worker` objects (one worker session each) on one
 queue, each with ``max_concurrency = concurrency``, and a no-op handler for kind ``noop``.
+With ``targets`` (a list of ``{"key", "namespace"}``, S5's owners) it runs one worker
+session per entry instead, each in its entry's namespace with its entry's key.
 The handler returns ``{"t0": <payload t0>, "t1": <wall clock at handler start>}`` when the
 payload carries ``t0`` (S2 measures submit → handler start with it), else ``null``.
 SIGTERM drains every worker and exits.
@@ -24,11 +26,14 @@ async def main(args: dict[str, Any]) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     workers = []
-    for _ in range(int(args["sessions"])):
+    targets = args.get("targets") or [{"key": args["key"], "namespace": args["namespace"]}] * int(
+        args["sessions"]
+    )
+    for target in targets:
         w = Worker(
             args["url"],
-            args["key"],
-            namespace=args["namespace"],
+            target["key"],
+            namespace=target["namespace"],
             max_concurrency=int(args["concurrency"]),
             drain_timeout=5.0,
             report_timeout=5.0,

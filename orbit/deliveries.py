@@ -34,7 +34,7 @@ All decisions use the database clock (``now`` parameters pin it in tests).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -44,7 +44,7 @@ import msgspec
 
 from orbit import audit, idempotency
 from orbit.audit import Actor
-from orbit.errors import Conflict, InvalidRequest, NotFound
+from orbit.errors import Conflict, InvalidRequest, NotFound, OrbitError
 from orbit.events import ResultEvent
 from orbit.idempotency import IdemRequest, Reply
 from orbit.ids import digest_matches, id_hex
@@ -243,6 +243,56 @@ async def ack(
         if not await store.delivery_ack_if_revision(tx, row, now=at):
             raise Conflict("delivery changed concurrently", kind="cas")
         return AckResult(outcome="applied", delivery=delivery_info(await _reread(tx, row)))
+
+    return await db.transaction(run)
+
+
+#: Most acks applied in one transaction by :func:`ack_many`.
+ACK_BATCH = 256
+
+
+async def ack_many(
+    db: Database,
+    namespace_id: bytes,
+    items: Sequence[tuple[bytes, str]],
+    *,
+    now: datetime | None = None,
+) -> list[str | OrbitError]:
+    """Acknowledge several deliveries in ONE transaction (the group commit of a subscription
+    stream's acks): per item, in order, ``"applied"``, ``"replayed"`` or the error
+    :func:`ack` would raise for it alone (:class:`StaleProof`, :class:`NotFound`).
+
+    Each item is judged alone, exactly as :func:`ack` judges it: its row locked (the batch's
+    rows in primary-key order), its proof checked, its guarded UPDATE counted. The same
+    delivery twice in a batch: the first applies, the second replays. A failing statement
+    fails the whole batch (nothing is acked), like any transaction.
+    """
+    if not items:
+        return []
+
+    async def run(tx: Tx) -> list[str | OrbitError]:
+        ids = sorted({d for d, _ in items})
+        rows = {r.id: r for r in await store.delivery_get_many_for_update(tx, namespace_id, ids)}
+        at = now or await store.delivery_clock_now(tx)
+        out: list[str | OrbitError] = []
+        taken: set[bytes] = set()
+        writes: list[DeliveryRow] = []
+        for delivery_id, proof in items:
+            row = rows.get(delivery_id)
+            if row is None:
+                out.append(NotFound("delivery"))
+            elif row.proof_digest is None or not digest_matches(proof, row.proof_digest):
+                out.append(StaleProof(delivery_id=id_hex(row.id)))
+            elif row.state == DeliveryState.ACKED or delivery_id in taken:
+                out.append("replayed")
+            else:
+                taken.add(delivery_id)
+                writes.append(row)
+                out.append("applied")
+        counts = await tx.execute_batch([store.delivery_ack_statement(r, now=at) for r in writes])
+        if any(c != 1 for c in counts):  # the rows are locked: only a bug gets here
+            raise Conflict("delivery changed concurrently", kind="cas")
+        return out
 
     return await db.transaction(run)
 

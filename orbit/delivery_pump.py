@@ -252,7 +252,28 @@ async def lease(
     Locks the subscription row (waiting for it: pumps and other consumers hold it briefly),
     pumps one batch of new events (``pump``), reclaims expired leases, then leases due
     deliveries within ``max_in_flight``. NotFound when the subscription is gone.
+
+    On the database clock (``now`` None, ``pump``) a non-locking probe runs first and the
+    call returns no deliveries without locking anything when there is nothing to pump, hand
+    out or reclaim, or when ``max_in_flight`` is reached with nothing to pump or reclaim.
     """
+
+    if now is None and pump:
+        # Most hand-outs of a consumer that keeps up find nothing to do (it polls, and wakes
+        # on every new delivery of its namespace): one non-locking statement says so, and
+        # the subscription row is locked only when there is something to pump, hand out or
+        # reclaim. (A change committed after the probe is seen by the next poll or wake.)
+        async def look(tx: Tx) -> tuple[SubscriptionRow, store.LeaseProbe] | None:
+            return await store.delivery_lease_probe(tx, namespace_id, subscription_id)
+
+        seen = await db.read(look)
+        if seen is None:
+            raise NotFound("subscription")
+        sub_seen, probe = seen
+        caught_up = sub_seen.after_seq >= probe.last_seq and not probe.expired
+        full = probe.in_flight >= sub_seen.max_in_flight
+        if probe.idle(sub_seen.after_seq) or (caught_up and full):
+            return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight)
 
     async def run(tx: Tx) -> LeaseBatch:
         sub = await sub_store.subscription_lock(tx, namespace_id, subscription_id)

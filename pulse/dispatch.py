@@ -13,8 +13,11 @@ For each session connected to this node that wants offers, one transaction:
 4. lock, in ONE statement and before any task, the resources rows of the owners in play
    (the hint's due owners plus the owners it saw recently on the queue) and the usage rows
    of the session's queues (lock order: application resources → queue → task/attempt →
-   permit); an owner with a reservation quota (``max_reservations``) is offered at most
-   what its quota leaves, judged on its locked row;
+   permit); an owner with a reservation quota (``max_reservations``) or an active-attempt
+   quota (``max_active_attempts``, running + offered) is offered at most what its quota
+   leaves, and a queue with ``max_concurrency`` at most what its permits leave (running +
+   offered), judged on the locked rows (the lock statement returns the limits too), so a
+   start is not offered only to be refused;
 5. claim due tasks (``WAITING``, available, not past the deadline, keyed only for sessions
    that handle keys and only while the key is not held to its limit; never two tasks with
    the same key in one batch) with ``SELECT … FOR UPDATE SKIP LOCKED``, in ``dispatch_at``
@@ -48,7 +51,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -70,6 +73,12 @@ log = logging.getLogger("pulse.dispatch")
 #: Denial kinds of ``pulse_dispatch_denials_total``.
 DENIAL_SESSION_CAPACITY = "session_capacity"
 DENIAL_RESERVATIONS = "reservations"
+#: Offer slots withheld because the queue's ``max_concurrency`` is taken by running and
+#: offered attempts (its start would be refused with ``permits_exhausted``).
+DENIAL_QUEUE_PERMITS = "queue_permits"
+#: Offer slots withheld because the owner's ``max_active_attempts`` is taken by running and
+#: offered attempts (its start would be refused with ``application_quota``).
+DENIAL_APPLICATION_ACTIVE = "application_active"
 
 #: Most owners one probe of a queue lists (more owners: the next probe continues after the
 #: last one, so they all get turns over successive probes).
@@ -132,8 +141,9 @@ class _Outcome:
     more: bool = False
     #: The session had no free slot (dispatch backpressure).
     at_capacity: bool = False
-    #: Offer slots withheld by owners' reservation quotas.
-    denied_reservations: int = 0
+    #: Offer slots withheld by limits, by denial kind (reservations, queue permits,
+    #: application active attempts).
+    denied: Counter[str] = field(default_factory=Counter)
 
 
 class OwnersNotLocked(Exception):
@@ -153,7 +163,9 @@ class _Batch:
     rows: list[tuple[Row, bytes]] = field(default_factory=list)  # (claimed row, attempt id)
     keys: set[bytes] = field(default_factory=set)  # concurrency key digests offered
     dropped: int = 0  # claimed rows left out (same key as an earlier one in the batch)
-    denied: int = 0  # offer slots withheld by reservation quotas
+    denied: Counter[str] = field(default_factory=Counter)  # offer slots withheld, by kind
+    #: The denial kind of each limited owner's allowance (the limit that binds).
+    owner_kind: dict[bytes, str] = field(default_factory=dict)
 
     def add(self, rows: list[Row]) -> int:
         """Keep ``rows`` except a second task of a concurrency key; the number kept."""
@@ -198,7 +210,8 @@ class Dispatcher:
             )
             self._denials = metrics.counter(
                 "pulse_dispatch_denials_total",
-                "Dispatch backpressure: sessions at capacity, offer slots withheld by quotas",
+                "Dispatch backpressure: sessions at capacity, offer slots withheld by quotas"
+                " and permits",
                 ("kind",),
             )
             self._probes = metrics.counter(
@@ -243,8 +256,9 @@ class Dispatcher:
             self._seconds.observe(time.perf_counter() - began)
             if outcome.at_capacity:
                 self._denials.inc(kind=DENIAL_SESSION_CAPACITY)
-            if outcome.denied_reservations:
-                self._denials.inc(outcome.denied_reservations, kind=DENIAL_RESERVATIONS)
+            for kind, n in sorted(outcome.denied.items()):
+                if n:
+                    self._denials.inc(n, kind=kind)
         if outcome.gone is not None:
             self.hub.unregister(conn)
             code = CLOSE_REPLACED if outcome.gone == "moved" else CLOSE_SESSION_GONE
@@ -396,38 +410,72 @@ class Dispatcher:
         locked = set(extra)
         for _, hint, owners in plans:
             locked |= hint.lock_set(owners, mono)
-        apps, _ = await transitions.lock_usage(tx, ns, [q.id for q, _, _ in plans], locked)
-        # Reservation quotas are judged on the locked rows.
-        allowance: dict[bytes, int] | None = {
-            o: max(0, int(r["max_reservations"]) - int(r["reservations"]))
-            for o, r in apps.items()
-            if r["max_reservations"] is not None
-        } or None
+        queue_ids = [q.id for q, _, _ in plans]
+        if locked:  # the same locks, plus the limits the offers are capped by
+            apps, usage = await store.usage_lock_with_limits(tx, ns, queue_ids, locked)
+        else:  # no owner in play: nothing of an owner can be offered (limits not needed)
+            apps, usage = await transitions.lock_usage(tx, ns, queue_ids, locked)
+        # Owners' quotas (reservations, active attempts) and queues' permits are judged on
+        # the locked rows: what is running plus what is offered may not pass them.
         batch = _Batch()
+        allowance = _owner_allowance(apps, batch.owner_kind)
+        room = _queue_room(usage)
         more = False
         for q, hint, owners in plans:
             if free <= 0:
                 more = True
                 break
             want = min(free, batch_size)
-            if allowance is None and len(owners) <= 1:
-                # One owner (or none known) in play: the queue-wide claim, as cheap as ever.
-                rows = await store.task_claim_due_in_queue(tx, ns, q.id, t, keys_ok, want)
-                kept = self._note_owners(hint, rows, locked, strict)
-                got = batch.add(kept)
-                more = more or len(rows) == want
-            else:
-                got, full = await self._claim_fair(tx, ns, q.id, hint, owners, t, keys_ok,
-                                                   want, allowance, batch,
-                                                   locked, strict)  # fmt: skip
-                more = more or full
+            capped = room.get(q.id)
+            if capped is not None and capped < want:
+                # The queue's permits leave fewer slots than the session has: offer only
+                # those (a start beyond them would be refused). Withheld slots are denials
+                # where the queue shows due work; a full queue is skipped without a claim.
+                if capped == 0:
+                    if owners:
+                        batch.denied[DENIAL_QUEUE_PERMITS] += want
+                    continue
+                got, full = await self._claim(tx, ns, q, hint, owners, t, keys_ok, capped,
+                                              allowance, batch, locked, strict)  # fmt: skip
+                if full:  # not `more`: the queue has no room left for another round
+                    batch.denied[DENIAL_QUEUE_PERMITS] += want - capped
+                free -= got
+                continue
+            got, full = await self._claim(tx, ns, q, hint, owners, t, keys_ok, want,
+                                          allowance, batch, locked, strict)  # fmt: skip
+            more = more or full
             free -= got
         if batch.dropped:
             more = True
         if not batch.rows:
-            return _Outcome([], more=more, denied_reservations=batch.denied)
+            return _Outcome([], more=more, denied=batch.denied)
         offers = await self._write(tx, info, t, batch, apps)
-        return _Outcome(offers, more=more, denied_reservations=batch.denied)
+        return _Outcome(offers, more=more, denied=batch.denied)
+
+    async def _claim(
+        self,
+        tx: Tx,
+        ns: bytes,
+        q: QueueRef,
+        hint: OwnerHint,
+        owners: list[bytes],
+        t: datetime,
+        keys_ok: bool,
+        want: int,
+        allowance: dict[bytes, int] | None,
+        batch: _Batch,
+        locked: set[bytes],
+        strict: bool,
+    ) -> tuple[int, bool]:
+        """Claim up to ``want`` due tasks of one queue into ``batch``; (tasks kept, True when
+        every slot was filled: more may be due)."""
+        if allowance is None and len(owners) <= 1:
+            # One owner (or none known) in play: the queue-wide claim, as cheap as ever.
+            rows = await store.task_claim_due_in_queue(tx, ns, q.id, t, keys_ok, want)
+            kept = self._note_owners(hint, rows, locked, strict)
+            return batch.add(kept), len(rows) == want
+        return await self._claim_fair(tx, ns, q.id, hint, owners, t, keys_ok, want, allowance,
+                                      batch, locked, strict)  # fmt: skip
 
     async def _claim_fair(
         self,
@@ -456,6 +504,7 @@ class Dispatcher:
         base, extra = divmod(want, len(order))
         after: dict[bytes, tuple[datetime, bytes]] = {}
         more_work: list[bytes] = []  # owners that may have more due tasks
+        dry = False  # some owner had fewer due tasks than asked (not only quotas held back)
         claimed = 0
         kept_before = len(batch.rows)
         for i, owner in enumerate(order):
@@ -468,21 +517,27 @@ class Dispatcher:
                                             allowance, batch) if cap > 0 else 0  # fmt: skip
                 claimed += n
                 if n == cap:
-                    batch.denied += share - cap
+                    batch.denied[batch.owner_kind[owner]] += share - cap
+                else:
+                    dry = True
                 continue
             n = await self._claim_owner(tx, ns, queue_id, owner, t, keys_ok, share, after,
                                         allowance, batch) if share > 0 else 0  # fmt: skip
             claimed += n
             if n == share:
                 more_work.append(owner)
+            else:
+                dry = True
         # Leftover slots (owners with fewer due tasks than their share) go to the others.
         for owner in more_work:
             cap = _cap(allowance, owner, want - claimed)
             if want - claimed <= 0:
                 break
             if cap > 0:
-                claimed += await self._claim_owner(tx, ns, queue_id, owner, t, keys_ok, cap,
-                                                   after, allowance, batch)  # fmt: skip
+                n = await self._claim_owner(tx, ns, queue_id, owner, t, keys_ok, cap, after,
+                                            allowance, batch)  # fmt: skip
+                claimed += n
+                dry = dry or n < cap
         if claimed < want:
             if allowance is None:
                 # The known owners ran dry: one queue-wide claim finds what the hint does not
@@ -497,8 +552,10 @@ class Dispatcher:
                 fresh = self._note_owners(hint, fresh, locked, strict)
                 batch.add(fresh)
                 claimed += len(fresh)
-            else:
-                hint.stale = True  # locked mode takes no unknown owner's task: probe again
+            elif dry:
+                # Locked mode takes no unknown owner's task: probe again (not when only
+                # quotas held slots back: a probe would find the same owners).
+                hint.stale = True
         return len(batch.rows) - kept_before, claimed >= want
 
     async def _claim_owner(
@@ -620,6 +677,37 @@ class Dispatcher:
                 await asyncio.sleep(0)
                 continue
             await self.hub.wait_for_work(poll_s * random.uniform(0.8, 1.2), stop)
+
+
+def _owner_allowance(apps: dict[bytes, Row], kinds: dict[bytes, str]) -> dict[bytes, int] | None:
+    """Offers each limited owner may still get, judged on its locked resources row: the
+    smaller of ``max_reservations - reservations`` and ``max_active_attempts -
+    active_attempts - reservations`` (never below 0); None when no owner has a limit (the
+    unlimited path). ``kinds`` receives the denial kind of the limit that binds."""
+    allowance: dict[bytes, int] = {}
+    for o, r in apps.items():
+        rooms: list[tuple[int, str]] = []
+        if r["max_reservations"] is not None:
+            left = int(r["max_reservations"]) - int(r["reservations"])
+            rooms.append((max(0, left), DENIAL_RESERVATIONS))
+        if r.get("max_active_attempts") is not None:
+            left = (
+                int(r["max_active_attempts"]) - int(r["active_attempts"]) - int(r["reservations"])
+            )
+            rooms.append((max(0, left), DENIAL_APPLICATION_ACTIVE))
+        if rooms:
+            allowance[o], kinds[o] = min(rooms)
+    return allowance or None
+
+
+def _queue_room(usage: dict[bytes, Row]) -> dict[bytes, int]:
+    """Offers each queue with ``max_concurrency`` may still get, judged on its locked usage
+    row: ``max_concurrency - active_attempts - reservations`` (never below 0)."""
+    return {
+        q: max(0, int(r["max_concurrency"]) - int(r["active_attempts"]) - int(r["reservations"]))
+        for q, r in usage.items()
+        if r.get("max_concurrency") is not None
+    }
 
 
 def _cap(allowance: dict[bytes, int] | None, owner: bytes, slots: int) -> int:

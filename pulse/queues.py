@@ -131,6 +131,12 @@ def queue_view(
         out["counts"] = {s.value: counts.get(s.value, 0) for s in TaskState}
     if usage is not None:
         out["usage"] = usage_view(usage, stuck_tasks=stuck_tasks)
+        # Dispatch backpressure made visible: the dispatcher offers a queue's tasks only
+        # while it has free permits (docs/dispatch.md "Capacity from permits"); withheld
+        # capacity is counted per node in pulse_dispatch_denials_total{kind="queue_permits"}.
+        limit = row["max_concurrency"]
+        held = out["usage"]["active_attempts"] + out["usage"]["reservations"]
+        out["usage"]["free_permits"] = None if limit is None else max(0, int(limit) - held)
     return out
 
 

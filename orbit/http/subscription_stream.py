@@ -25,6 +25,11 @@ Guarantees of one connection:
   frames, whatever the backlog.
 * **Keep-alive.** The server sends ``ping`` after ``ping_interval_s`` without sending; it
   closes the connection (code 4408) when nothing was received for ``idle_timeout_s``.
+* **Group-committed acks.** Acks are queued (bounded: the receive loop waits when the queue
+  is full) and applied by one task; the acks that arrive while a batch's transaction is in
+  flight go together into the next one (:func:`orbit.deliveries.ack_many`, each judged
+  alone). A nack first waits for the acks received before it; a closing connection applies
+  the acks it received before releasing what it still holds.
 * **Resume.** When the connection ends, its unacked deliveries are released at once (back to
   PENDING with no backoff; the attempt counted), so a reconnecting consumer gets them
   immediately. If the server process dies instead, they come back when their lease expires
@@ -174,6 +179,8 @@ class StreamConnection:
         self.capacity = sub.max_in_flight + CONTROL_SLOTS
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=self.capacity)
         self.unacked: dict[bytes, _Held] = {}
+        #: Acks received, not yet settled: group-committed by :meth:`_ack_loop`.
+        self._acks: asyncio.Queue[AckFrame] = asyncio.Queue(maxsize=self.capacity)
         self.stats = StreamStats()
         self._wake = hub.watch(sub.namespace_id, sub.id)
         self._last_received = time.monotonic()
@@ -264,7 +271,11 @@ class StreamConnection:
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 await self._send_error("invalid_request", f"bad frame: {exc}", None)
                 continue
-            if isinstance(frame, AckFrame | NackFrame):
+            if isinstance(frame, AckFrame):
+                await self._acks.put(frame)  # settled by _ack_loop; waits when it is full
+                await asyncio.sleep(0)  # the ack loop takes it now: a lone ack goes alone
+            elif isinstance(frame, NackFrame):
+                await self._acks.join()  # the acks received before this nack settle first
                 await self._settle(frame)
             elif isinstance(frame, PingFrame):
                 await self.queue.put(_PONG)
@@ -294,6 +305,47 @@ class StreamConnection:
                 "not_ready", f"database busy, retry: {type(exc).__name__}", frame.delivery_id
             )
 
+    async def _ack_loop(self) -> None:
+        """Group commit of acks: the acks that arrive while one batch's transaction is in
+        flight are applied together in the next one (:func:`orbit.deliveries.ack_many`,
+        each judged alone), so a consumer's ack rate is not bounded by one commit per ack.
+        The first ack after a quiet spell goes alone: no batching delay."""
+        while True:
+            batch = [await self._acks.get()]
+            while len(batch) < deliveries.ACK_BATCH and not self._acks.empty():
+                batch.append(self._acks.get_nowait())
+            try:
+                await self._settle_acks(batch)
+            finally:
+                for _ in batch:
+                    self._acks.task_done()
+
+    async def _settle_acks(self, frames: list[AckFrame]) -> None:
+        ids = [parse_id(f.delivery_id) for f in frames]
+        items = [(d, f.proof) for d, f in zip(ids, frames, strict=True) if d is not None]
+        try:
+            outcomes = iter(await deliveries.ack_many(self.db, self.namespace_id, items))
+        except OrbitError as exc:
+            for f in frames:
+                await self._send_error(exc.code, exc.message, f.delivery_id)
+            return
+        except StorageError as exc:
+            for f in frames:
+                await self._send_error(
+                    "not_ready", f"database busy, retry: {type(exc).__name__}", f.delivery_id
+                )
+            return
+        for delivery_id, f in zip(ids, frames, strict=True):
+            outcome = NotFound("delivery") if delivery_id is None else next(outcomes)
+            if isinstance(outcome, OrbitError):
+                if isinstance(outcome, StaleProof | NotFound) and delivery_id is not None:
+                    self._forget(delivery_id, f.proof)
+                await self._send_error(outcome.code, outcome.message, f.delivery_id)
+            else:
+                assert delivery_id is not None
+                self.stats.acked += 1
+                self._forget(delivery_id, f.proof)
+
     def _forget(self, delivery_id: bytes, proof: str) -> None:
         held = self.unacked.get(delivery_id)
         if held is not None and held.proof == proof:
@@ -306,6 +358,7 @@ class StreamConnection:
         """Serve until the client leaves, goes idle, or a task fails; then release."""
         tasks = [
             asyncio.create_task(self._receive(), name="subscription-receive"),
+            asyncio.create_task(self._ack_loop(), name="subscription-acks"),
             asyncio.create_task(self._send(), name="subscription-send"),
             asyncio.create_task(self._feed(), name="subscription-feed"),
             asyncio.create_task(self._keepalive(), name="subscription-keepalive"),
@@ -320,6 +373,10 @@ class StreamConnection:
                     exc = t.exception()
                     log.info("subscription stream ended: %s", type(exc).__name__)
         finally:
+            if not tasks[1].done():  # acks already received are applied before the release
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5.0):
+                        await self._acks.join()
             for t in tasks:
                 t.cancel()
             await asyncio.wait(tasks, timeout=5.0)  # bounded, whatever a task does

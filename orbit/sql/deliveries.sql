@@ -35,11 +35,24 @@ FROM orbit_deliveries
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 FOR UPDATE
 
+-- name: delivery_get_many_for_update
+-- Group-committed acks (orbit.deliveries.ack_many): lock a batch of deliveries by primary
+-- key, in key order (two batches never wait on each other in a cycle).
+SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
+  lease_expires_at, next_at, acked_at, revision, created_at, updated_at
+FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+ORDER BY id
+FOR UPDATE
+
 -- name: delivery_count_leased
 -- Deliveries handed out and not yet settled. Only the holder of the subscription row lock
--- adds to this set, so the count is exact for that holder.
+-- adds to this set, so the count is exact for that holder. FORCE INDEX: an index-only
+-- range over this subscription's LEASED entries. Left to itself the optimizer may take the
+-- primary key's namespace_id prefix instead (its statistics of a young table say so) and
+-- read every delivery of the namespace, ACKED history included: a cost that grows forever.
 SELECT COUNT(*) AS n
-FROM orbit_deliveries
+FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_due)
 WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
   AND state = 'LEASED'
 
@@ -67,9 +80,10 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
 -- name: delivery_expired_exists
--- Cheap, non-locking probe used by the background sweep before it locks a subscription.
+-- Cheap, non-locking probe used by the background sweep before it locks a subscription
+-- (FORCE INDEX: see delivery_count_leased).
 SELECT 1 AS found
-FROM orbit_deliveries
+FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_due)
 WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
   AND state = 'LEASED' AND next_at <= COALESCE(%(now)s, UTC_TIMESTAMP(6))
 LIMIT 1
@@ -150,3 +164,25 @@ SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state,
   error, attempts, finished_at, created_at
 FROM orbit_result_events
 WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
+
+-- name: delivery_lease_probe
+-- One non-locking statement before a hand-out (orbit.delivery_pump.lease): the subscription,
+-- whether its position is behind the stream (something to pump), whether a PENDING delivery
+-- is due or a lease has expired, and how many are LEASED. When there is nothing to pump,
+-- hand out or reclaim, the hand-out ends here instead of locking the subscription row.
+-- The subqueries are index-only ranges of ix_orbit_deliveries_due.
+SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_timeout_ms,
+  s.max_deliveries, s.max_in_flight, s.revision, s.created_at, s.updated_at,
+  COALESCE(e.last_seq, 0) AS last_seq,
+  EXISTS (SELECT 1 FROM orbit_deliveries d FORCE INDEX (ix_orbit_deliveries_due)
+          WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
+            AND d.state = 'PENDING' AND d.next_at <= UTC_TIMESTAMP(6)) AS due,
+  EXISTS (SELECT 1 FROM orbit_deliveries d FORCE INDEX (ix_orbit_deliveries_due)
+          WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
+            AND d.state = 'LEASED' AND d.next_at <= UTC_TIMESTAMP(6)) AS expired,
+  (SELECT COUNT(*) FROM orbit_deliveries d FORCE INDEX (ix_orbit_deliveries_due)
+   WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
+     AND d.state = 'LEASED') AS in_flight
+FROM orbit_subscriptions s
+LEFT JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
+WHERE s.namespace_id = %(namespace_id)s AND s.id = %(subscription_id)s

@@ -71,6 +71,51 @@ async def delivery_get(
     return _row(await tx.fetchone(sql, {"namespace_id": namespace_id, "id": delivery_id}))
 
 
+async def delivery_get_many_for_update(
+    tx: Tx, namespace_id: bytes, delivery_ids: Sequence[bytes]
+) -> list[DeliveryRow]:
+    """Lock the deliveries of ``delivery_ids`` (primary-key order); missing ones are absent."""
+    if not delivery_ids:
+        return []
+    args = {"namespace_id": namespace_id, "ids": tuple(delivery_ids)}
+    return _rows(await tx.fetchall(Q.delivery_get_many_for_update, args))
+
+
+def delivery_ack_statement(row: DeliveryRow, *, now: datetime) -> tuple[str, dict[str, Any]]:
+    """The guarded ACK UPDATE of ``row`` as (sql, args), for :meth:`Tx.execute_batch`."""
+    args = {"namespace_id": row.namespace_id, "id": row.id, "revision": row.revision, "now": now}
+    return Q.delivery_ack_if_revision, args
+
+
+class LeaseProbe(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`delivery_lease_probe` saw (no lock taken)."""
+
+    last_seq: int  # the namespace's result stream position
+    due: bool  # a PENDING delivery is due now
+    expired: bool  # a LEASED delivery's lease has ended
+    in_flight: int  # LEASED deliveries
+
+    def idle(self, after_seq: int) -> bool:
+        """Nothing to pump, hand out or reclaim."""
+        return after_seq >= self.last_seq and not self.due and not self.expired
+
+
+async def delivery_lease_probe(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes
+) -> tuple[Any, LeaseProbe] | None:
+    """The subscription row (a ``SubscriptionRow``) and a :class:`LeaseProbe`, or None when
+    the subscription is gone. One statement, no locks."""
+    from orbit.store.subscriptions import SubscriptionRow
+
+    args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
+    row = await tx.fetchone(Q.delivery_lease_probe, args)
+    if row is None:
+        return None
+    probe = LeaseProbe(last_seq=int(row["last_seq"]), due=bool(row["due"]),
+                       expired=bool(row["expired"]), in_flight=int(row["in_flight"]))  # fmt: skip
+    return msgspec.convert(row, SubscriptionRow), probe
+
+
 async def delivery_count_leased(tx: Tx, namespace_id: bytes, subscription_id: bytes) -> int:
     args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
     return int(await tx.fetchval(Q.delivery_count_leased, args) or 0)

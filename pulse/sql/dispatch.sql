@@ -81,3 +81,27 @@ UPDATE orbit_application_resources
 SET reservations = reservations + %(n)s
 WHERE application_id = %(application_id)s
   AND (max_reservations IS NULL OR reservations + %(n)s <= max_reservations)
+
+-- name: usage_lock_with_limits
+-- The dispatch transaction's first locks (pulse.transitions.lock_usage's usage_lock_all, plus
+-- the limits the offers are capped by): the owners' application resources rows sorted, then
+-- the queues' usage rows sorted, in ONE statement (a UNION ALL runs its parts in order, each
+-- a primary-key range read in ascending order: the lock order). Application rows carry
+-- max_reservations and max_active_attempts; queue rows carry the queue's max_concurrency,
+-- read by a scalar subquery on pulse_queues (a locking read of the outer rows never locks
+-- the rows a subquery reads), so capping offers by permits costs no extra statement.
+(SELECT 'a' AS kind, application_id AS id, unfinished_tasks, reservations, active_attempts,
+  max_unfinished_tasks, max_reservations, max_active_attempts, NULL AS max_concurrency
+ FROM orbit_application_resources
+ WHERE application_id IN %(app_ids)s
+ ORDER BY application_id
+ FOR UPDATE)
+UNION ALL
+(SELECT 'q', u.queue_id, u.unfinished_tasks, u.reservations, u.active_attempts, NULL, NULL,
+  NULL,
+  (SELECT q.max_concurrency FROM pulse_queues q
+   WHERE q.namespace_id = u.namespace_id AND q.id = u.queue_id)
+ FROM pulse_queue_usage u
+ WHERE u.namespace_id = %(namespace_id)s AND u.queue_id IN %(queue_ids)s
+ ORDER BY u.queue_id
+ FOR UPDATE)

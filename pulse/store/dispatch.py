@@ -1,4 +1,5 @@
-"""SQL of the dispatcher (``pulse/sql/dispatch.sql``): owners with waiting work in a queue,
+"""SQL of the dispatcher (``pulse/sql/dispatch.sql``): the usage rows locked first (with the
+limits the offers are capped by), owners with waiting work in a queue,
 claims of due tasks (queue-wide or per owner) and the reservation quota of owners.
 
 Every function runs one query on the caller's open :class:`~orbit.storage.Tx`. The claims
@@ -98,3 +99,26 @@ async def application_reservations_add_within_limit(tx: Tx, application_id: byte
         Q.application_reservations_add_within_limit, {"application_id": application_id, "n": n}
     )
     return count == 1
+
+
+async def usage_lock_with_limits(
+    tx: Tx, namespace_id: bytes, queue_ids: Sequence[bytes], app_ids: Sequence[bytes]
+) -> tuple[dict[bytes, Row], dict[bytes, Row]]:
+    """Lock the applications' resources rows then the queues' usage rows (each sorted; ONE
+    statement, the lock order's first two steps); return (application rows by id, queue
+    usage rows by queue id). Application rows carry ``max_reservations`` and
+    ``max_active_attempts``, queue rows ``max_concurrency`` (None = unlimited), besides the
+    usage counters. Missing rows are absent. Both id lists must be non-empty (with no
+    application, use :func:`pulse.transitions.lock_usage`)."""
+    apps = tuple(sorted(set(app_ids)))
+    queues = tuple(sorted(set(queue_ids)))
+    assert apps and queues, "usage_lock_with_limits needs applications and queues"
+    rows = await tx.fetchall(
+        Q.usage_lock_with_limits,
+        {"namespace_id": namespace_id, "app_ids": apps, "queue_ids": queues},
+    )
+    by_app: dict[bytes, Row] = {}
+    by_queue: dict[bytes, Row] = {}
+    for row in rows:
+        (by_app if row["kind"] == "a" else by_queue)[bytes(row["id"])] = row
+    return by_app, by_queue

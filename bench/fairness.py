@@ -1,0 +1,283 @@
+"""S5, the cost of fairness: S1 with 100 owners vs. the same load from one owner.
+
+An owner is an application (API.md: a task's owner is the application whose key submitted
+it, and ``{ns}`` is resolved in the key's own application — so every owner has its own
+namespace: 100 owners are 100 applications, each with a namespace, a key, a queue of the same
+name, a subscription and a worker session). Both legs have the same shape and the same total
+load; only the number of owners differs:
+
+* the same worker topology: ``sessions`` worker sessions (``concurrency`` each) over 2
+  processes — one per owner in the 100-owner leg, all in the one namespace in the 1-owner
+  leg;
+* the same producers: 2 batch clients (50 tasks a request) + 4 single-submit clients; each
+  request goes to the next owner in turn, so every owner gets the same share;
+* results through a subscription per namespace over WebSocket (the SDK Subscriber; 100
+  connections vs. 1), producers pausing at ``max_outstanding`` tasks without a result.
+
+Figures per leg: results delivered/s, tasks completed/s, submit → result p50/p99, server CPU
+per 1,000 tasks, and how evenly the owners were served (per-owner results in the window:
+min, max and Jain's index, 1.0 = perfectly even).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+
+from bench.env import ScratchDatabase, Server, WorkerProcs, proc_sample
+from bench.scenarios import (
+    Results,
+    Tenant,
+    _finish_profile,
+    _start_profile,
+    lat_summary,
+    put_queue,
+    put_subscription,
+)
+
+_ENC = msgspec.json.Encoder()
+
+
+@dataclass
+class S5Config:
+    seconds: float = 12.0
+    warmup: float = 3.0
+    sessions: int = 100
+    concurrency: int = 3
+    worker_processes: int = 2
+    batch_clients: int = 2
+    batch_size: int = 50
+    single_clients: int = 4
+    max_outstanding: int = 1000
+    drain_s: float = 30.0
+    #: py-spy the server during each leg's window into ``<profile>-<n>owners`` (.svg, -top.txt)
+    profile: str | None = None
+
+
+@dataclass
+class _ProfileCfg:  # what scenarios._start_profile reads
+    seconds: float
+    profile: str | None
+
+
+async def make_owners(url: str, admin_key: str, n: int) -> list[Tenant]:
+    """``n`` new applications, each with a namespace and a key for it (admin API)."""
+    actions = ["tasks.submit", "tasks.read", "workers.connect", "queues.manage",
+               "subscriptions.manage", "subscriptions.consume", "events.read"]  # fmt: skip
+    h = {"Authorization": f"Bearer {admin_key}"}
+    tag = secrets.token_hex(3)
+    sem = asyncio.Semaphore(8)
+
+    async def one(c: httpx.AsyncClient, i: int) -> Tenant:
+        name = f"owner-{tag}-{i:03d}"
+        async with sem:
+            r = await c.post("/v1/applications", headers=h, json={"name": name})
+            r.raise_for_status()
+            app = r.json()["id"]
+            r = await c.post(f"/v1/applications/{app}/namespaces", headers=h, json={"name": name})
+            r.raise_for_status()
+            r = await c.post(f"/v1/applications/{app}/credentials", headers=h,
+                             json={"name": "bench", "namespaces": [name], "actions": actions})  # fmt: skip
+            r.raise_for_status()
+            return Tenant(url, r.json()["key"], name, app)
+
+    async with httpx.AsyncClient(timeout=60.0, base_url=url) as c:
+        return list(await asyncio.gather(*(one(c, i) for i in range(n))))
+
+
+async def _count_done(db: ScratchDatabase, namespaces: list[str], queue: str) -> int:
+    def q() -> int:
+        conn = db.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
+                    " ON q.namespace_id = n.id AND q.name = %s"
+                    " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
+                    " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id"
+                    " AND t.state = 'SUCCEEDED' WHERE n.name IN %s",
+                    (queue, list(namespaces)),
+                )
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    return await asyncio.to_thread(q)
+
+
+def jain(values: list[int]) -> float | None:
+    """Jain's fairness index: 1.0 when every owner got the same, 1/n when one got all."""
+    if not values or not any(values):
+        return None
+    return round(sum(values) ** 2 / (len(values) * sum(v * v for v in values)), 3)
+
+
+async def leg(
+    server: Server, owners: list[Tenant], db: ScratchDatabase, cfg: S5Config
+) -> dict[str, Any]:
+    """One leg: ``owners`` (distinct namespaces) share the load and the worker sessions."""
+    queue = f"s5-{secrets.token_hex(3)}"
+    sub_name = f"sub-{queue}"
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+        sem = asyncio.Semaphore(8)
+
+        async def setup(t: Tenant) -> None:
+            async with sem:
+                await put_queue(client, t, queue)
+                await put_subscription(client, t, sub_name, queue)
+
+        await asyncio.gather(*(setup(t) for t in owners))
+        results = {t.namespace: Results(t, sub_name) for t in owners}
+        for r in results.values():
+            r.start()
+        targets = [{"key": owners[i % len(owners)].key,
+                    "namespace": owners[i % len(owners)].namespace} for i in range(cfg.sessions)]  # fmt: skip
+        workers = WorkerProcs()
+        workers.start(url=server.url, key="", namespace="", queue=queue,
+                      processes=cfg.worker_processes, sessions=0, concurrency=cfg.concurrency,
+                      targets=targets)  # fmt: skip
+        submitted: dict[str, float] = {}
+        owner_of: dict[str, str] = {}
+        stop = asyncio.Event()
+        errors: list[str] = []
+        turn = itertools.cycle(owners)
+        single_body = _ENC.encode({"queue": queue, "kind": "noop", "payload": {}})
+        batch_body = _ENC.encode(
+            {"tasks": [{"queue": queue, "kind": "noop", "payload": {}}] * cfg.batch_size}
+        )
+
+        def delivered() -> int:
+            return sum(r.count for r in results.values())
+
+        def outstanding() -> int:
+            return len(submitted) - delivered()
+
+        async def batch_client() -> None:
+            while not stop.is_set():
+                if outstanding() > cfg.max_outstanding:
+                    await asyncio.sleep(0.002)
+                    continue
+                t = next(turn)
+                t0 = time.time()
+                r = await client.post(f"{t.base()}/tasks:batch", headers=t.headers,
+                                      content=batch_body)  # fmt: skip
+                if r.status_code != 200:
+                    errors.append(f"batch {r.status_code} {r.text[:200]}")
+                    await asyncio.sleep(0.05)
+                    continue
+                for item in r.json()["items"]:
+                    if item.get("task"):
+                        submitted[item["task"]["id"]] = t0
+                        owner_of[item["task"]["id"]] = t.namespace
+
+        async def single_client() -> None:
+            while not stop.is_set():
+                if outstanding() > cfg.max_outstanding:
+                    await asyncio.sleep(0.002)
+                    continue
+                t = next(turn)
+                t0 = time.time()
+                r = await client.post(f"{t.base()}/tasks", headers=t.headers,
+                                      content=single_body)  # fmt: skip
+                if r.status_code != 201:
+                    errors.append(f"single {r.status_code} {r.text[:200]}")
+                    await asyncio.sleep(0.05)
+                    continue
+                submitted[r.json()["id"]] = t0
+                owner_of[r.json()["id"]] = t.namespace
+
+        # One probe per owner: every owner's workers and subscriber are up.
+        async def probe(t: Tenant) -> None:
+            async with sem:
+                r = await client.post(f"{t.base()}/tasks", headers=t.headers, content=single_body)
+                r.raise_for_status()
+            await results[t.namespace].wait_for(r.json()["id"], 120)
+
+        await asyncio.gather(*(probe(t) for t in owners))
+        base_counts = {ns: r.count for ns, r in results.items()}
+        producers = [asyncio.create_task(batch_client()) for _ in range(cfg.batch_clients)]
+        producers += [asyncio.create_task(single_client()) for _ in range(cfg.single_clients)]
+        await asyncio.sleep(cfg.warmup)
+        names = [t.namespace for t in owners]
+        w_start = time.time()
+        c0 = {ns: r.count for ns, r in results.items()}
+        done0 = await _count_done(db, names, queue)
+        s0 = server.sample()
+        w0 = [proc_sample(p) for p in workers.pids()]
+        spy = _start_profile(server, _ProfileCfg(cfg.seconds, f"{cfg.profile}-{len(owners)}owners")
+                             if cfg.profile else _ProfileCfg(cfg.seconds, None))  # fmt: skip
+        await asyncio.sleep(cfg.seconds)
+        w_end = time.time()
+        c1 = {ns: r.count for ns, r in results.items()}
+        done1 = await _count_done(db, names, queue)
+        s1_ = server.sample()
+        w1 = [proc_sample(p) for p in workers.pids()]
+        stop.set()
+        await asyncio.gather(*producers, return_exceptions=True)
+        deadline = time.monotonic() + cfg.drain_s
+        while outstanding() > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - a poll
+            await asyncio.sleep(0.1)
+        tails = await workers.stop()
+        for r in results.values():
+            await r.stop()
+        profile = await _finish_profile(spy)
+    window = w_end - w_start
+    arrived: dict[str, float] = {}
+    for r in results.values():
+        arrived.update(r.arrived)
+    lat = [(arrived[tid] - t0) * 1000 for tid, t0 in submitted.items()
+           if w_start <= t0 <= w_end and tid in arrived]  # fmt: skip
+    per_owner = [c1[ns] - c0[ns] for ns in names]
+    completed = done1 - done0
+    sub_errors = [repr(r.error) for r in results.values() if r.error]
+    return {
+        "owners": len(owners),
+        "sessions": cfg.sessions,
+        "concurrency": cfg.concurrency,
+        "queue": queue,
+        "window_s": round(window, 2),
+        "tasks_per_s": round(sum(per_owner) / window, 1),
+        "completed_per_s": round(completed / window, 1),
+        "submit_to_result_ms": lat_summary(lat),
+        "server_cpu_s_per_1000": round((s1_.cpu_s - s0.cpu_s) / max(completed, 1) * 1000, 3),
+        "server_cpu_util": round((s1_.cpu_s - s0.cpu_s) / window, 3),
+        "workers_cpu_util": round(
+            sum(b.cpu_s - a.cpu_s for a, b in zip(w0, w1, strict=True)) / window, 3
+        ),
+        "profile": profile,
+        "per_owner_results": {
+            "min": min(per_owner),
+            "max": max(per_owner),
+            "jain_index": jain(per_owner),
+        },
+        "probe_results": sum(base_counts.values()),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "left_outstanding": outstanding(),
+        "errors": errors[:5],
+        "n_errors": len(errors),
+        "subscriber_errors": sub_errors[:3],
+        "worker_stderr_tail": [x[-500:] for x in tails if x.strip()][:2],
+    }
+
+
+async def s5(server: Server, admin: Tenant, db: ScratchDatabase, cfg: S5Config | None = None,
+             owners: int = 100) -> dict[str, Any]:  # fmt: skip
+    """Both legs, the 1-owner leg first (same session count, same load), each owner a new
+    application made with the global-admin key ``admin``."""
+    cfg = cfg or S5Config()
+    made = await make_owners(server.url, admin.key, owners + 1)  # fresh namespaces for both
+    single, many = made[0], made[1:]
+    one = await leg(server, [single], db, cfg)
+    print(f"[bench]   S5 1 owner: {one['tasks_per_s']} tasks/s", flush=True)
+    hundred = await leg(server, many, db, cfg)
+    print(f"[bench]   S5 {owners} owners: {hundred['tasks_per_s']} tasks/s", flush=True)
+    return {"owners_1": one, f"owners_{owners}": hundred, "config": dict(cfg.__dict__)}
