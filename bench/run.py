@@ -52,6 +52,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-dir", default=str(ROOT / "reports" / "profiles"),
                    help="where --profile writes s1-<label>.svg and s1-<label>-top.txt")  # fmt: skip
     p.add_argument(
+        "--driver",
+        default=None,
+        choices=("aiomysql", "asyncmy"),
+        help="the server's database driver (ORBIT_DB_DRIVER; default: the environment's, "
+        "else aiomysql); the DB-limit baseline stays raw aiomysql",
+    )
+    p.add_argument(
         "--server-tree",
         default=None,
         help="serve (and run workers from) another checkout, e.g. a copy of the tree before "
@@ -83,8 +90,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         log_dir = Path(tempfile.gettempdir()) / "orbit-bench-logs"  # the server's stderr
         await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
         tree = args.server_tree_path
-        server = Server(db.url(), log_path=log_dir / "server.log", tree=tree)
+        driver = args.driver or os.environ.get("ORBIT_DB_DRIVER") or "aiomysql"
+        server = Server(db.url(), log_path=log_dir / "server.log", tree=tree,
+                        env={"ORBIT_DB_DRIVER": driver})  # fmt: skip
         out["server_tree"] = str(tree or ROOT)
+        out["db_driver"] = driver
         await server.start()
         t = Tenant(server.url, boot["key"], boot["namespace"], boot["application_id"])
         raw["server_idle_rss_mb"] = round(server.sample().rss_kb / 1024, 1)

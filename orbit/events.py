@@ -25,6 +25,7 @@ import msgspec
 
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
+from orbit.storage.literals import insert_values
 from orbit.store import events as store
 from orbit.times import format_opt, format_time
 
@@ -190,6 +191,48 @@ async def append_events(
         for e in events
     ]
     await store.event_insert_many(tx, rows)
+    return [r["id"] for r in rows]
+
+
+#: The column list of ``event_insert_many`` (orbit/sql/events.sql), for
+#: :func:`append_events_bulk`: the statement up to VALUES, without comments.
+_BULK_HEAD = "\n".join(
+    line for line in store.Q.event_insert_many.splitlines() if not line.lstrip().startswith("--")
+).split("VALUES")[0].strip() + "\nVALUES"
+_BULK_COLUMNS = tuple(
+    c.strip() for c in _BULK_HEAD[_BULK_HEAD.index("(") + 1 : _BULK_HEAD.index(")")].split(",")
+)
+
+
+async def append_events_bulk(
+    tx: Tx, namespace_id: bytes, events: Sequence[NewEvent], *, now: datetime
+) -> list[bytes]:
+    """:func:`append_events` for big batches (batch submit): the same multi-row INSERT with
+    its values rendered as memoised SQL literals (orbit/storage/literals.py) rather than
+    escaped by the driver one parameter at a time. ``now`` is required (naive UTC). Events
+    whose ``data`` is the same object share one encoding (do not mutate it meanwhile)."""
+    if not events:
+        return []
+    # Events sharing one data object (a batch passes one per queue) encode it once.
+    encoded: dict[int, str] = {}
+    rows: list[dict[str, Any]] = []
+    for e in events:
+        text = encoded.get(id(e.data))
+        if text is None:
+            text = encoded[id(e.data)] = _JSON.encode(e.data).decode()
+        rows.append(
+            {
+                "namespace_id": namespace_id,
+                "id": new_id(),
+                "type": e.type,
+                "subject_kind": e.subject_kind,
+                "subject_id": e.subject_id,
+                "data": text,
+                "request_id": e.request_id,
+                "created_at": now,
+            }
+        )
+    await tx.execute(insert_values(_BULK_HEAD, _BULK_COLUMNS, rows))
     return [r["id"] for r in rows]
 
 

@@ -2,7 +2,8 @@
 starts every background loop, serves with uvicorn.
 
     orbit-server [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
-                 [--pool-timeout S] [--max-body-bytes N] [--header-timeout S]
+                 [--pool-timeout S] [--db-driver aiomysql|asyncmy] [--max-body-bytes N]
+                 [--header-timeout S]
                  [--log-level info] [--plain-logs]
 
 Before serving it checks the schema (``orbit.migrate.status``) and **refuses to start** —
@@ -46,6 +47,7 @@ from orbit.http.app import build_app
 from orbit.idempotency_cleanup import IdempotencyCleanup
 from orbit.settings import Settings
 from orbit.storage import DSN, Database
+from orbit.storage.drivers import load_driver
 
 log = logging.getLogger("orbit.server")
 
@@ -210,6 +212,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds a request waits for a pooled connection before 503 not_ready (default 5)",
     )  # fmt: skip
     p.add_argument(
+        "--db-driver", default=None,
+        help="database driver: aiomysql (default) or asyncmy (optional, pip install asyncmy); "
+        "default $ORBIT_DB_DRIVER",
+    )  # fmt: skip
+    p.add_argument(
         "--max-body-bytes", type=int, default=None, help="request body limit (default 1 MiB)"
     )
     p.add_argument(
@@ -228,7 +235,7 @@ def _say(msg: str) -> None:
     print(f"orbit-server: {msg}", file=sys.stderr, flush=True)
 
 
-async def _dev_setup(dsn: DSN) -> tuple[DSN, Any]:
+async def _dev_setup(dsn: DSN, driver: str | None = None) -> tuple[DSN, Any]:
     """``--dev``: private database if needed, migrate, bootstrap; return (dsn, dev handle)."""
     dev = None
     devdb = _optional("orbit.devdb")
@@ -244,7 +251,7 @@ async def _dev_setup(dsn: DSN) -> tuple[DSN, Any]:
         _say("--dev: applied " + ", ".join(result.applied))
     from orbit.bootstrap import bootstrap
 
-    db = await Database.connect(dsn, maxsize=2)
+    db = await Database.connect(dsn, maxsize=2, driver=driver)
     try:
         boot = await bootstrap(db, "demo", "default", global_admin=True)
     finally:
@@ -275,11 +282,16 @@ async def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _say(f"bad DSN: {exc}")
         return EXIT_USAGE
+    try:
+        driver = load_driver(args.db_driver).name
+    except (ValueError, RuntimeError) as exc:
+        _say(f"bad --db-driver: {exc}")
+        return EXIT_USAGE
     dev = None
     try:
         if args.dev:
             try:
-                dsn, dev = await _dev_setup(dsn)
+                dsn, dev = await _dev_setup(dsn, driver)
             except Exception as exc:
                 _say(f"--dev setup failed: {exc}")
                 return EXIT_NOT_CURRENT
@@ -287,7 +299,7 @@ async def serve(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             return code
         db = await Database.connect(
-            dsn, maxsize=args.pool_size, acquire_timeout=args.pool_timeout or None
+            dsn, maxsize=args.pool_size, acquire_timeout=args.pool_timeout or None, driver=driver
         )
         try:
             settings = Settings.from_env(max_body_bytes=args.max_body_bytes)

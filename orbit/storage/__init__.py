@@ -1,4 +1,4 @@
-"""Storage layer: DSN parsing, the aiomysql pool, transactions with bounded retry, CAS, SQL files.
+"""Storage layer: DSN parsing, the pool (aiomysql or asyncmy), transactions with bounded retry, CAS, SQL files.
 
 Everything that talks to the database goes through :class:`Database` and :class:`Tx`.
 """

@@ -1,4 +1,7 @@
-"""The aiomysql pool and the one transaction helper.
+"""The connection pool and the one transaction helper.
+
+The pool comes from the driver named by ``ORBIT_DB_DRIVER`` (``aiomysql`` by default,
+``asyncmy`` optional: :mod:`orbit.storage.drivers`); nothing else here depends on the driver.
 
 Every connection runs with ``time_zone = '+00:00'`` and READ COMMITTED (MYSQL-NOTES.md:
 REPEATABLE READ's gap locks block producers and deadlock idle pollers). The pool refuses to
@@ -23,10 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-import aiomysql
 import pymysql
-from pymysql.constants import CLIENT
 
+from orbit.storage.drivers import PoolOptions, as_pymysql, load_driver
 from orbit.storage.dsn import DSN
 from orbit.storage.errors import (
     CONNECTION_ERRORS,
@@ -83,7 +85,7 @@ class Tx:
 
     __slots__ = ("_conn", "_cur", "lastrowid")
 
-    def __init__(self, conn: aiomysql.Connection, cur: aiomysql.Cursor) -> None:
+    def __init__(self, conn: Any, cur: Any) -> None:
         self._conn = conn
         self._cur = cur
         self.lastrowid: int | None = None
@@ -97,26 +99,28 @@ class Tx:
             STATEMENT_LOG.append(sql)
         try:
             n = await self._cur.execute(sql, args)
-        except pymysql.err.IntegrityError as exc:
-            if error_code(exc) == DUPLICATE:
-                raise DuplicateKey(duplicate_key_name(exc) or "", str(exc)) from exc
-            raise
+        except Exception as exc:
+            err = _driver_error(exc)
+            if err is exc:
+                raise
+            raise err from exc
         self.lastrowid = self._cur.lastrowid
         return int(n or 0)
 
     async def executemany(self, sql: str, args: Iterable[Any]) -> int:
-        """Run one statement for many parameter sets (aiomysql batches INSERT ... VALUES)."""
+        """Run one statement for many parameter sets (the driver batches INSERT ... VALUES)."""
         if STATEMENT_LOG is not None:
             STATEMENT_LOG.append(sql)
-        # aiomysql only sends ONE multi-row INSERT when the text starts with INSERT: a leading
+        # The drivers only send ONE multi-row INSERT when the text starts with INSERT: a leading
         # "-- comment" line would silently make it one round trip per row.
         sql = _LEADING_COMMENTS.sub("", sql)
         try:
             n = await self._cur.executemany(sql, list(args))
-        except pymysql.err.IntegrityError as exc:
-            if error_code(exc) == DUPLICATE:
-                raise DuplicateKey(duplicate_key_name(exc) or "", str(exc)) from exc
-            raise
+        except Exception as exc:
+            err = _driver_error(exc)
+            if err is exc:
+                raise
+            raise err from exc
         return int(n or 0)
 
     async def execute_batch(self, statements: Sequence[tuple[str, Any]]) -> list[int]:
@@ -149,10 +153,11 @@ class Tx:
                 if not await cur.nextset():
                     break
                 counts.append(max(int(cur.rowcount or 0), 0))
-        except pymysql.err.IntegrityError as exc:
-            if error_code(exc) == DUPLICATE:
-                raise DuplicateKey(duplicate_key_name(exc) or "", str(exc)) from exc
-            raise
+        except Exception as exc:
+            err = _driver_error(exc)
+            if err is exc:
+                raise
+            raise err from exc
         if len(counts) != len(parts):  # pragma: no cover - the server answers every statement
             raise RuntimeError(f"multi-statement returned {len(counts)} of {len(parts)} results")
         return counts
@@ -191,8 +196,11 @@ class Database:
         max_retries: int = 5,
         connect_timeout: float = 5.0,
         acquire_timeout: float | None = None,
+        driver: str | None = None,
     ) -> None:
         self.dsn = dsn
+        #: The driver of the pool: ``driver``, else ``$ORBIT_DB_DRIVER``, else aiomysql.
+        self.driver = load_driver(driver)
         self.minsize = minsize
         self.maxsize = maxsize
         self.max_retries = max_retries
@@ -202,7 +210,7 @@ class Database:
         #: saturated pool sheds requests with a fast 503 instead of queueing them unbounded.
         self.acquire_timeout = acquire_timeout
         self.stats = TxStats()
-        self._pool: aiomysql.Pool | None = None
+        self._pool: Any = None
 
     @classmethod
     async def connect(cls, dsn: DSN, **kw: Any) -> Database:
@@ -213,24 +221,26 @@ class Database:
     async def open(self) -> None:
         if self._pool is not None:
             return
-        self._pool = await aiomysql.create_pool(
+        options = PoolOptions(
             minsize=self.minsize,
             maxsize=self.maxsize,
-            autocommit=False,
-            client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
-            charset="utf8mb4",
             connect_timeout=self.connect_timeout,
-            pool_recycle=3600,
-            cursorclass=aiomysql.DictCursor,
-            **self.dsn.connect_kwargs(),
+            connect_kwargs=self.dsn.connect_kwargs(),
         )
-        conn = await self._pool.acquire()
         try:
-            await self._prepare(conn)
-        finally:
-            self._pool.release(conn)
+            self._pool = await self.driver.create_pool(options)
+            conn = await self._pool.acquire()
+            try:
+                await self._prepare(conn)
+            finally:
+                self._pool.release(conn)
+        except Exception as exc:
+            err = as_pymysql(exc)
+            if err is exc:
+                raise
+            raise err from exc
 
-    async def _prepare(self, conn: aiomysql.Connection) -> None:
+    async def _prepare(self, conn: Any) -> None:
         """Set and verify the session settings once per physical connection."""
         if getattr(conn, "_orbit_ready", False):
             return
@@ -247,7 +257,7 @@ class Database:
             self._pool = None
 
     @property
-    def pool(self) -> aiomysql.Pool:
+    def pool(self) -> Any:
         if self._pool is None:
             raise RuntimeError("Database is not open")
         return self._pool
@@ -279,19 +289,25 @@ class Database:
                 return await self._run_once(fn, readonly)
             except _CommitLost as lost:
                 self.stats.outcome_unknown += 1
-                raise OutcomeUnknown(f"connection lost during COMMIT: {lost.cause}") from lost.cause
+                cause = as_pymysql(lost.cause)
+                raise OutcomeUnknown(f"connection lost during COMMIT: {cause}") from cause
             except Exception as exc:
                 code = error_code(exc)
                 if code not in RETRYABLE and code not in CONNECTION_ERRORS:
-                    raise
+                    # A driver error from outside a Tx call (acquire, session setup,
+                    # COMMIT): raised as PyMySQL's class whatever the driver.
+                    err = as_pymysql(exc)
+                    if err is exc:
+                        raise
+                    raise err from exc
                 assert code is not None
                 self.stats.retries[code] += 1
                 if attempt > limit:
                     self.stats.exhausted += 1
-                    raise TransientExhausted(code, attempt) from exc
+                    raise TransientExhausted(code, attempt) from as_pymysql(exc)
                 await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
 
-    async def _acquire(self) -> aiomysql.Connection:
+    async def _acquire(self) -> Any:
         """A pooled connection, or :class:`PoolExhausted` after ``acquire_timeout``."""
         if self.acquire_timeout is None:
             return await self.pool.acquire()
@@ -301,7 +317,7 @@ class Database:
         except BaseException as exc:  # the timeout, or the caller was cancelled
             pool = self.pool
 
-            def give_back(f: asyncio.Future[aiomysql.Connection]) -> None:
+            def give_back(f: asyncio.Future[Any]) -> None:
                 # The acquire may still have won the race with the cancel: never leak it.
                 if not f.cancelled() and f.exception() is None:
                     pool.release(f.result())
@@ -380,14 +396,16 @@ class Database:
             return False
 
 
-async def check_session(conn: aiomysql.Connection) -> None:
+async def check_session(conn: Any) -> None:
     """Refuse a connection that does not run with UTC and READ COMMITTED."""
     async with conn.cursor() as cur:
         await cur.execute("SELECT @@session.time_zone AS tz")
         tz = (await cur.fetchone())["tz"]
         try:
             await cur.execute("SELECT @@session.transaction_isolation AS iso")
-        except pymysql.err.OperationalError:
+        except Exception as exc:  # MySQL < 5.7.20 / MariaDB < 10.2: only tx_isolation
+            if not isinstance(as_pymysql(exc), pymysql.err.OperationalError):
+                raise
             await cur.execute("SELECT @@session.tx_isolation AS iso")
         iso = (await cur.fetchone())["iso"]
     await conn.rollback()
@@ -396,6 +414,15 @@ async def check_session(conn: aiomysql.Connection) -> None:
             f"connection runs with time_zone={tz!r}, isolation={iso!r}; "
             f"Orbit requires '+00:00' and {EXPECTED_ISOLATION}"
         )
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """What a :class:`Tx` call raises for ``exc``: :class:`DuplicateKey` for 1062, a driver
+    error as PyMySQL's class (whatever the driver), anything else unchanged."""
+    err = as_pymysql(exc)
+    if isinstance(err, pymysql.err.IntegrityError) and error_code(err) == DUPLICATE:
+        return DuplicateKey(duplicate_key_name(err) or "", str(err))
+    return err
 
 
 def monotonic_ms() -> float:

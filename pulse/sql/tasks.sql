@@ -59,6 +59,17 @@ VALUES
    %(concurrency_key_digest)s, %(state)s, %(source_kind)s, %(source_id)s, %(created_at)s,
    %(created_at)s)
 
+-- name: task_insert_values
+-- Batch submit: the head of one multi-row INSERT whose VALUES tuples are SQL literals built
+-- by pulse.store.tasks.task_insert_literal (orbit/storage/literals.py), in this column
+-- order; state_changed_at takes created_at (as in task_insert).
+INSERT INTO pulse_tasks
+  (namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
+   payload, priority, available_at, deadline_at, max_attempts, retry_backoff_initial_ms,
+   retry_backoff_max_ms, retry_backoff_multiplier, retry_safe, concurrency_key,
+   concurrency_key_digest, state, source_kind, source_id, created_at, state_changed_at)
+VALUES
+
 -- name: task_list
 -- Filters are optional (NULL = any); keyset pagination on (created_at, id).
 SELECT {cols} FROM pulse_tasks

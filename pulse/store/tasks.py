@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.storage import Queries, Tx, load_queries
+from orbit.storage.literals import insert_values
 
 _RAW = load_queries(__file__, "tasks")
 Q = Queries({k: v.replace("{cols}", _RAW.task_columns) for k, v in _RAW.items()})
@@ -85,6 +86,27 @@ async def task_insert_many(tx: Tx, rows: Sequence[Row]) -> None:
     """
     if rows:
         await tx.executemany(Q.task_insert, rows)
+
+
+#: ``task_insert_values`` without its comment lines, and its columns in order.
+_INSERT_HEAD = "\n".join(
+    line for line in Q.task_insert_values.splitlines() if not line.lstrip().startswith("--")
+).strip()
+_INSERT_COLUMNS = tuple(
+    c.strip() for c in _INSERT_HEAD[_INSERT_HEAD.index("(") + 1 : _INSERT_HEAD.index(")")].split(",")
+)
+
+
+async def task_insert_literal(tx: Tx, rows: Sequence[Row]) -> None:
+    """:func:`task_insert_many` for big batches: the same multi-row INSERT, its values
+    rendered as memoised SQL literals (orbit/storage/literals.py) instead of being escaped
+    by the driver one parameter at a time. ``rows`` have the keys of ``task_insert``
+    (``state_changed_at`` is ``created_at``). Raises DuplicateKey like task_insert_many."""
+    if not rows:
+        return
+    columns = ["created_at" if c == "state_changed_at" else c for c in _INSERT_COLUMNS]
+    sql = insert_values(_INSERT_HEAD, columns, rows)
+    await tx.execute(sql)
 
 
 async def task_list(tx: Tx, params: Row) -> list[Row]:
