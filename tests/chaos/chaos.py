@@ -466,6 +466,10 @@ class WorkflowDriver:
         self.rng = rng
         self.instances: dict[str, str] = {}  # business key -> instance id
         self.signalled: set[str] = set()
+        #: Business keys whose start the client never saw succeed (an error, a 5xx, a node
+        #: killed after COMMIT): the instance may exist. Re-started with the same business
+        #: key (idempotent: the existing instance comes back) so it gets its signal.
+        self.unconfirmed: set[str] = set()
         self.client = httpx.Client(timeout=10)
 
     def _ns(self) -> str | None:
@@ -481,11 +485,14 @@ class WorkflowDriver:
                                  headers=self.cluster.tenant.auth)  # fmt: skip
         except httpx.HTTPError:
             self.res.http_errors += 1
+            self.unconfirmed.add(key)
             return
         _count_5xx(self.res, r, "wf_start")
         if r.status_code not in (200, 201):
             self.res.http_errors += 1
+            self.unconfirmed.add(key)
             return
+        self.unconfirmed.discard(key)
         j = r.json()
         self.rec("wf_start", business_key=key, instance=j["id"], deduplicated=bool(j.get("deduplicated")))
         if j.get("deduplicated"):
@@ -523,7 +530,9 @@ class WorkflowDriver:
         while not stop.wait(self.rng.uniform(0.2, 0.5)):
             n += 1
             key = f"b{n}"
-            if self.instances and self.rng.random() < 0.15:
+            if self.unconfirmed and self.rng.random() < 0.5:
+                key = self.rng.choice(sorted(self.unconfirmed))  # its outcome was never seen
+            elif self.instances and self.rng.random() < 0.15:
                 key = self.rng.choice(list(self.instances))  # a second start: the same instance
             self.start(key)
             pending = [k for k in self.instances if k not in self.signalled]
@@ -534,8 +543,10 @@ class WorkflowDriver:
 
     def signal_all(self, deadline: float) -> None:
         while time.monotonic() < deadline:
+            for k in sorted(self.unconfirmed):
+                self.start(k)
             pending = [k for k in self.instances if k not in self.signalled]
-            if not pending:
+            if not pending and not self.unconfirmed:
                 return
             for k in pending:
                 self.signal(k)
