@@ -26,9 +26,7 @@ no-op. The scans are the allow-listed cross-namespace queries (docs/api/workers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import random
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -39,6 +37,7 @@ from orbit.storage import Database, Tx
 from pulse import transitions
 from pulse.attempts import Change, lock_chain, lose_running, now_in_tx, release_offer
 from pulse.hub import Hub
+from pulse.rounds import run_rounds
 from pulse.sessions import EVENT_SESSION_EXPIRED, WorkerSettings
 from pulse.store import attempts as store
 from pulse.store import sessions as session_store
@@ -240,22 +239,13 @@ class Recovery:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Recover until ``stop`` is set (or the task is cancelled), every
         ``recovery_interval_ms`` (with jitter); at once again while there is a backlog."""
+
+        async def round_once() -> bool:
+            # A full batch means a backlog: go again at once.
+            return (await self.run_once()).total() >= self.settings.recovery_batch
+
         interval = self.settings.recovery_interval_ms / 1000
-        while stop is None or not stop.is_set():
-            try:
-                stats = await self.run_once()
-                if stats.total() >= self.settings.recovery_batch:
-                    continue  # a backlog: go again at once
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("recovery round failed")
-            delay = interval * random.uniform(0.8, 1.2)
-            if stop is None:
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+        await run_rounds(round_once, interval, stop, log, "recovery")
 
 
 async def _held(db: Database, namespace_id: bytes, session_id: bytes) -> list[bytes]:

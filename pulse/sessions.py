@@ -15,9 +15,8 @@ session that holds an attempt extend it.
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +32,7 @@ from orbit.types import NAME_RE
 from pulse import transitions, wire
 from pulse.attempts import Change, lose_running, now_in_tx, release_offer
 from pulse.errors import QueueNotFound
+from pulse.rounds import settings_from_env
 from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import sessions as store
@@ -68,14 +68,7 @@ class WorkerSettings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: int) -> WorkerSettings:
-        source = os.environ if env is None else env
-        values: dict[str, int] = {}
-        for f in fields(cls):
-            raw = source.get(f"ORBIT_PULSE_{f.name.upper()}")
-            if raw is not None:
-                values[f.name] = int(raw)
-        values.update(overrides)
-        return cls(**values)
+        return settings_from_env(cls, env, overrides)
 
 
 @dataclass(frozen=True, slots=True)

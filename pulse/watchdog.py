@@ -34,12 +34,9 @@ stream row — so it cannot wait crosswise with the lock order application resou
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import random
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -49,6 +46,7 @@ from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from orbit.times import format_time
 from pulse import transitions
+from pulse.rounds import run_rounds, settings_from_env
 from pulse.store import tasks as task_store
 from pulse.store import watchdog as store
 
@@ -72,14 +70,7 @@ class WatchdogSettings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: int) -> WatchdogSettings:
-        source = os.environ if env is None else env
-        values: dict[str, int] = {}
-        for f in fields(cls):
-            raw = source.get(f"ORBIT_PULSE_{f.name.upper()}")
-            if raw is not None:
-                values[f.name] = int(raw)
-        values.update(overrides)
-        return cls(**values)
+        return settings_from_env(cls, env, overrides)
 
 
 @dataclass
@@ -290,19 +281,9 @@ class Watchdog:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Watch until ``stop`` is set (or the task is cancelled), every
         ``watchdog_interval_ms`` (with jitter); at once again while there is a backlog."""
+
+        async def round_once() -> bool:
+            return bool((await self.run_once()).backlog)
+
         interval = self.settings.watchdog_interval_ms / 1000
-        while stop is None or not stop.is_set():
-            try:
-                stats = await self.run_once()
-                if stats.backlog:
-                    continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("watchdog round failed")
-            delay = interval * random.uniform(0.8, 1.2)
-            if stop is None:
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+        await run_rounds(round_once, interval, stop, log, "watchdog")
