@@ -251,6 +251,10 @@ async def ack(
 ACK_BATCH = 256
 
 
+async def _clock(tx: Tx, now: datetime | None) -> datetime:
+    return now if now is not None else await store.delivery_clock_now(tx)
+
+
 async def ack_many(
     db: Database,
     namespace_id: bytes,
@@ -272,8 +276,11 @@ async def ack_many(
 
     async def run(tx: Tx) -> list[str | OrbitError]:
         ids = sorted({d for d, _ in items})
-        rows = {r.id: r for r in await store.delivery_get_many_for_update(tx, namespace_id, ids)}
-        at = now or await store.delivery_clock_now(tx)
+        locked, at = await tx.pipeline(  # the rows and the clock in one round trip
+            store.delivery_get_many_for_update(tx, namespace_id, ids),
+            _clock(tx, now),
+        )
+        rows = {r.id: r for r in locked}
         out: list[str | OrbitError] = []
         taken: set[bytes] = set()
         writes: list[DeliveryRow] = []

@@ -29,7 +29,6 @@ from orbit.ids import digest, id_hex, new_id, new_secret
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
 from orbit.store import subscriptions as sub_store
-from orbit.store.deliveries import DeliveryRow
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.subscriptions import compile_filter
 
@@ -89,7 +88,8 @@ async def pump_locked(
             matched.append(ev)
     if position == sub.after_seq:
         return PumpResult(scanned=0, created=0, position=position)
-    await store.delivery_insert_many(
+    # The deliveries and the new position in ONE round trip (Tx.pipeline).
+    _, advanced = await tx.pipeline(store.delivery_insert_many(
         tx,
         [
             {
@@ -111,10 +111,10 @@ async def pump_locked(
             }
             for ev in matched
         ],
-    )
-    if not await sub_store.subscription_advance_if_position(
+    ), sub_store.subscription_advance_if_position(
         tx, sub.namespace_id, sub.id, sub.after_seq, position
-    ):
+    ))  # fmt: skip
+    if not advanced:
         raise Conflict("subscription position moved concurrently", kind="pump_position")
     return PumpResult(scanned=position - sub.after_seq, created=len(matched), position=position)
 
@@ -135,12 +135,10 @@ async def pump_subscription(
     """
 
     async def run(tx: Tx) -> PumpResult | None:
-        sub = await sub_store.subscription_lock(
-            tx, namespace_id, subscription_id, skip_locked=skip_locked
-        )
+        sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now, skip_locked)
         if sub is None:
             return None
-        return await pump_locked(tx, sub, now or await store.delivery_clock_now(tx), limit)
+        return await pump_locked(tx, sub, at, limit)
 
     return await db.transaction(run)
 
@@ -159,19 +157,23 @@ async def reclaim_locked(
     The backoff counts from the lease's end, not from when this runs, so redelivery timing
     does not depend on how often the loop runs.
     """
-    redelivered = exhausted = 0
-    for row in await store.delivery_list_expired_for_update(
-        tx, sub.namespace_id, sub.id, now, limit
-    ):
+    rows = await store.delivery_list_expired_for_update(tx, sub.namespace_id, sub.id, now, limit)
+    states: list[DeliveryState] = []
+    requeues = []
+    for row in rows:
         expired_at = row.lease_expires_at or row.next_at
         state, next_at = after_failure(
             row.attempts, row.budget, expired_at, backoff_ms(row.attempts)
         )
-        if await store.delivery_requeue_if_revision(tx, row, state=state, next_at=next_at, now=now):
-            if state is DeliveryState.EXHAUSTED:
-                exhausted += 1
-            else:
-                redelivered += 1
+        states.append(state)
+        requeues.append(
+            store.delivery_requeue_if_revision(tx, row, state=state, next_at=next_at, now=now)
+        )
+    done = await tx.pipeline(*requeues)  # every guarded requeue in one round trip
+    exhausted = sum(
+        1 for s, ok in zip(states, done, strict=True) if ok and s is DeliveryState.EXHAUSTED
+    )
+    redelivered = sum(done) - exhausted
     return redelivered, exhausted
 
 
@@ -185,22 +187,24 @@ async def hand_out_locked(
     if room <= 0:
         return [], in_flight
     rows = await store.delivery_list_due_for_update(tx, sub.namespace_id, sub.id, now, room)
+    if not rows:
+        return [], in_flight
     lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
-    taken: list[tuple[DeliveryRow, str]] = []
-    for row in rows:
-        proof = new_secret(24)
-        if await store.delivery_lease_if_pending(
-            tx, row, proof_digest=digest(proof), lease_expires_at=lease_end, now=now
-        ):
-            taken.append((row, proof))
+    proofs = [new_secret(24) for _ in rows]
+    # Every guarded lease and the rows' result events in ONE round trip.
+    *leased, event_rows = await tx.pipeline(
+        *(
+            store.delivery_lease_if_pending(
+                tx, row, proof_digest=digest(proof), lease_expires_at=lease_end, now=now
+            )
+            for row, proof in zip(rows, proofs, strict=True)
+        ),
+        store.delivery_event_list_by_seq(tx, sub.namespace_id, [r.seq for r in rows]),
+    )
+    taken = [(row, proof) for row, proof, ok in zip(rows, proofs, leased, strict=True) if ok]
     if not taken:
         return [], in_flight
-    events = {
-        int(r["seq"]): r
-        for r in await store.delivery_event_list_by_seq(
-            tx, sub.namespace_id, [r.seq for r, _ in taken]
-        )
-    }
+    events = {int(r["seq"]): r for r in event_rows}
     out: list[Leased] = []
     for row, proof in taken:
         ev = events.get(row.seq)
@@ -276,13 +280,14 @@ async def lease(
             return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight)
 
     async def run(tx: Tx) -> LeaseBatch:
-        sub = await sub_store.subscription_lock(tx, namespace_id, subscription_id)
+        sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now)
         if sub is None:
             raise NotFound("subscription")
-        at = now or await store.delivery_clock_now(tx)
-        if pump:
-            await pump_locked(tx, sub, at)
-        await reclaim_locked(tx, sub, at)
+        # The pump and the reclaim touch different deliveries (new PENDING ones; expired
+        # LEASED ones) under the one subscription lock: their statements go together.
+        await tx.pipeline(
+            *([pump_locked(tx, sub, at)] if pump else []), reclaim_locked(tx, sub, at)
+        )
         if want <= 0:
             in_flight = await store.delivery_count_leased(tx, namespace_id, subscription_id)
             return LeaseBatch(subscription=sub, deliveries=[], in_flight=in_flight)
@@ -290,6 +295,26 @@ async def lease(
         return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight)
 
     return await db.transaction(run)
+
+
+async def _lock_with_clock(
+    tx: Tx,
+    namespace_id: bytes,
+    subscription_id: bytes,
+    now: datetime | None,
+    skip_locked: bool = False,
+) -> tuple[SubscriptionRow | None, datetime]:
+    """The subscription row locked, and the time to decide at (``now`` or the database
+    clock): ONE round trip."""
+    sub, at = await tx.pipeline(
+        sub_store.subscription_lock(tx, namespace_id, subscription_id, skip_locked=skip_locked),
+        _clock(tx, now),
+    )
+    return sub, at
+
+
+async def _clock(tx: Tx, now: datetime | None) -> datetime:
+    return now if now is not None else await store.delivery_clock_now(tx)
 
 
 async def reclaim_subscription(
@@ -303,9 +328,9 @@ async def reclaim_subscription(
     """Reclaim expired leases of one subscription (skipped, None, when it is locked)."""
 
     async def run(tx: Tx) -> tuple[int, int] | None:
-        sub = await sub_store.subscription_lock(tx, namespace_id, subscription_id, skip_locked=True)
+        sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now, True)
         if sub is None:
             return None
-        return await reclaim_locked(tx, sub, now or await store.delivery_clock_now(tx), limit)
+        return await reclaim_locked(tx, sub, at, limit)
 
     return await db.transaction(run)

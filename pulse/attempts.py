@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -413,6 +413,7 @@ async def _end_run(
 
 # -- start -----------------------------------------------------------------------------------
 
+
 async def _authorise_resources(
     tx: Tx,
     namespace_id: bytes,
@@ -487,20 +488,19 @@ async def start_many(
         # The usage rows first, always (the lock order; one statement that also tells
         # whether a start limit is in play): a limit is judged on them, and the summed
         # deltas go into them at the end. A keyed task's permit row comes last.
-        if keyed:
-            await transitions.lock_usage(tx, namespace_id, queue_ids, owner_ids)
-            limited = True
-        else:
-            limited = await store.usage_lock_for_start(
-                tx, namespace_id, list(queue_ids), list(owner_ids)
-            )
-        tasks = await store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()])
-        locked = await store.attempt_lock_many(tx, namespace_id, list(peeks), now)
-        t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
-        sessions = await store.session_state_many(tx, namespace_id, [sid for sid, _ in items])
-        queues = await store.queue_start_context_many(
-            tx, namespace_id, queue_ids, queue_store.NAMESPACE_GATE
+        # The locks (usage rows, tasks, attempts: the lock order) and the reads the judgement
+        # needs, in ONE round trip (Tx.pipeline: the same statements in the same order).
+        usage, tasks, locked, sessions, queues = await tx.pipeline(
+            transitions.lock_usage(tx, namespace_id, queue_ids, owner_ids)
+            if keyed
+            else store.usage_lock_for_start(tx, namespace_id, list(queue_ids), list(owner_ids)),
+            store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()]),
+            store.attempt_lock_many(tx, namespace_id, list(peeks), now),
+            store.session_state_many(tx, namespace_id, [sid for sid, _ in items]),
+            store.queue_start_context_many(tx, namespace_id, queue_ids, queue_store.NAMESPACE_GATE),
         )
+        limited: bool = True if keyed else usage
+        t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
         changes: list[Change] = []
         statements: list[tuple[str, Any]] = []
         granted: list[tuple[int, Row, Row, str, datetime, int | None]] = []
@@ -587,13 +587,6 @@ async def start_many(
             pending[(task["queue_id"], task["owner_id"])] += 1
             granted.append((idx, task, attempt, token, lease, concurrency_token))
         if granted:
-            counts = await tx.execute_batch(statements)
-            if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
-                raise Conflict("attempt or task changed while locked", kind="start")
-            for (queue_id, owner_id), n in sorted(pending.items()):
-                await transitions.adjust_usage(
-                    tx, namespace_id, queue_id, reservations=-n, active=n, owner_id=owner_id
-                )
             for idx, task, attempt, token, lease, concurrency_token in granted:
                 generation = int(attempt["generation"])
                 # The row as task_start_if_leased left it (computed, not re-read: every
@@ -613,9 +606,22 @@ async def start_many(
                 )
                 data = {"session_id": id_hex(items[idx][0]), "generation": generation}
                 changes.append((after, transitions.EVENT_STARTED, data))
-        if budget is not None:
-            await budget.flush(tx)
-        await transitions.record_many(tx, namespace_id, changes, now=t)
+        # The writes in ONE round trip (then the result events' INSERT, when there are
+        # any): the guarded per-row UPDATEs, the summed usage deltas, the permit budget,
+        # the events — in that order, as one by one.
+        counts, *_ = await tx.pipeline(
+            tx.execute_batch(statements),
+            *(
+                transitions.adjust_usage(
+                    tx, namespace_id, queue_id, reservations=-n, active=n, owner_id=owner_id
+                )
+                for (queue_id, owner_id), n in sorted(pending.items())
+            ),
+            *([budget.flush(tx)] if budget is not None else []),
+            transitions.record_many(tx, namespace_id, changes, now=t),
+        )
+        if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
+            raise Conflict("attempt or task changed while locked", kind="start")
         return out, deferred
 
     done, deferred = await db.transaction(tx_fn)
@@ -929,15 +935,20 @@ async def report_many(
         # rows first (sorted; their ids were peeked without locks and never change), then
         # the tasks, then the attempts. The counters are updated at the end with the summed
         # deltas, on rows this transaction already holds.
-        await transitions.lock_usage(
-            tx,
-            namespace_id,
-            {p["queue_id"] for p in peeks.values()},
-            {p["owner_id"] for p in peeks.values()},
+        # ONE round trip (Tx.pipeline: the same statements in the same order). The receipts
+        # are read for the peeked attempts: rows of attempts that are not locked (gone) are
+        # never looked at.
+        _, tasks, locked, receipts = await tx.pipeline(
+            transitions.lock_usage(
+                tx,
+                namespace_id,
+                {p["queue_id"] for p in peeks.values()},
+                {p["owner_id"] for p in peeks.values()},
+            ),
+            store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()]),
+            store.attempt_lock_many(tx, namespace_id, list(peeks), now),
+            store.receipt_get_many(tx, namespace_id, list(peeks)),
         )
-        tasks = await store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()])
-        locked = await store.attempt_lock_many(tx, namespace_id, list(peeks), now)
-        receipts = await store.receipt_get_many(tx, namespace_id, list(locked))
         t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
         changes: list[Change] = []
         statements: list[tuple[str, Any]] = []
@@ -1015,31 +1026,33 @@ async def report_many(
                 },
             ))  # fmt: skip
             applied.append((idx, plan.after, plan.state, plan.event, plan.data, receipt_id))
+        for idx, after, state, event, data, receipt_id in applied:
+            changes.append((after, event, data))
+            out[idx] = wire.Receipt(
+                ref_msg_id=None,
+                attempt_id=id_hex(reports[idx].attempt_id),
+                receipt_id=id_hex(receipt_id),
+                outcome="applied",
+                task_state=state,
+            )
+        # The writes in ONE round trip (then the result events' INSERT): the guarded per-row
+        # UPDATEs, the summed usage deltas, the ended attempts' key permits (last in the lock
+        # order, pulse.permits), the receipts, the events — in that order, as one by one.
+        writes: list[Coroutine[Any, Any, Any]] = [tx.execute_batch(statements)]
+        writes += [
+            transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=unfinished,
+                                     reservations=reservations, active=active, owner_id=owner_id)
+            for (queue_id, owner_id), (unfinished, reservations, active) in sorted(usage.items())
+        ]  # fmt: skip
         if applied:
-            counts = await tx.execute_batch(statements)
-            if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
-                raise Conflict("attempt or task changed while locked", kind="report")
-            for (queue_id, owner_id), (unfinished, reservations, active) in sorted(usage.items()):
-                await transitions.adjust_usage(
-                    tx, namespace_id, queue_id, unfinished=unfinished,
-                    reservations=reservations, active=active, owner_id=owner_id,
-                )  # fmt: skip
-            # The ended attempts' key permits, last in the lock order (pulse.permits).
-            await permits.release_many(tx, namespace_id, [
-                (reports[i].attempt_id, after.get("concurrency_key_digest"))
-                for i, after, *_ in applied
-            ], t)  # fmt: skip
-            await tx.execute_batch(receipt_rows)
-            for idx, after, state, event, data, receipt_id in applied:
-                changes.append((after, event, data))
-                out[idx] = wire.Receipt(
-                    ref_msg_id=None,
-                    attempt_id=id_hex(reports[idx].attempt_id),
-                    receipt_id=id_hex(receipt_id),
-                    outcome="applied",
-                    task_state=state,
-                )
-        await transitions.record_many(tx, namespace_id, changes, now=t)
+            ended = [(reports[i].attempt_id, after.get("concurrency_key_digest"))
+                     for i, after, *_ in applied]  # fmt: skip
+            writes.append(permits.release_many(tx, namespace_id, ended, t))
+        writes.append(tx.execute_batch(receipt_rows))
+        writes.append(transitions.record_many(tx, namespace_id, changes, now=t))
+        counts, *_ = await tx.pipeline(*writes)
+        if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
+            raise Conflict("attempt or task changed while locked", kind="report")
         return out, deferred
 
     done, deferred = await db.transaction(tx_fn)

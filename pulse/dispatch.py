@@ -371,22 +371,25 @@ class Dispatcher:
     ) -> _Outcome:
         info = conn.info
         ns = info.namespace_id
-        session = await session_store.session_lock(tx, ns, info.session_id)
-        t = await now_in_tx(tx, now)
+        # The session (locked first), the clock, what the session holds and the gates: ONE
+        # round trip (Tx.pipeline; the same statements in the same order).
+        session, t, held, gates = await tx.pipeline(
+            session_store.session_lock(tx, ns, info.session_id),
+            now_in_tx(tx, now),
+            session_store.session_count_held(tx, ns, info.session_id),
+            queue_store.gate_get_many(
+                tx, ns, [queue_store.NAMESPACE_GATE, *(q.id for q in conn.queues)]
+            ),
+        )
         if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= t:
             return _Outcome([], gone="expired")
         if session["node_id"] != self.hub.node_id:
             return _Outcome([], gone="moved")
-        free = int(session["max_concurrency"]) - await session_store.session_count_held(
-            tx, ns, info.session_id
-        )
+        free = int(session["max_concurrency"]) - held
         if not conn.queues:
             return _Outcome([])
         if free <= 0:
             return _Outcome([], at_capacity=True)
-        gates = await queue_store.gate_get_many(
-            tx, ns, [queue_store.NAMESPACE_GATE, *(q.id for q in conn.queues)]
-        )
         if _paused(gates, queue_store.NAMESPACE_GATE):
             return _Outcome([])
         keys_ok = bool(session["concurrency_keys"])
@@ -399,10 +402,8 @@ class Dispatcher:
         if not candidates:
             return _Outcome([])
         # Owners in play per queue (non-locking probes, before any lock is taken).
-        plans: list[tuple[QueueRef, OwnerHint, list[bytes]]] = []
-        for q in candidates:
-            hint = await self._hint(tx, ns, q.id)
-            plans.append((q, hint, _due_owners(hint, t)))
+        hints = await tx.pipeline(*(self._hint(tx, ns, q.id) for q in candidates))
+        plans = [(q, hint, _due_owners(hint, t)) for q, hint in zip(candidates, hints, strict=True)]
         # The lock order's first two steps, in ONE statement, before any task: the
         # resources rows of every owner in play or seen lately on these queues (and of the
         # owners a rolled-back run met), then the queues' usage rows.
@@ -635,13 +636,6 @@ class Dispatcher:
             )
             for queue_id, count in sorted(per_queue.items())
         ]  # fmt: skip
-        counts = await tx.execute_batch(leases + counters)
-        if any(c != 1 for c in counts[: len(leases)]):  # pragma: no cover - rows locked
-            raise RuntimeError("a claimed task changed while locked")
-        added = counts[len(leases) :]
-        if any(added[i] != 1 and o in apps for i, o in enumerate(sorted(per_owner))):
-            raise RuntimeError("reservation quota exceeded under lock")  # pragma: no cover
-        await attempt_store.attempt_insert_many(tx, attempts)
         # The leased rows as task_lease_if_waiting left them (computed, not re-read: the
         # events need only what the claim returned plus what the UPDATE set).
         changes: list[Change] = [
@@ -657,7 +651,17 @@ class Dispatcher:
             )
             for row, attempt_id in batch.rows
         ]  # fmt: skip
-        await transitions.record_many(tx, ns, changes, now=t)
+        # The writes, the attempts and the events in ONE round trip (Tx.pipeline).
+        counts, *_ = await tx.pipeline(
+            tx.execute_batch(leases + counters),
+            attempt_store.attempt_insert_many(tx, attempts),
+            transitions.record_many(tx, ns, changes, now=t),
+        )
+        if any(c != 1 for c in counts[: len(leases)]):  # pragma: no cover - rows locked
+            raise RuntimeError("a claimed task changed while locked")
+        added = counts[len(leases) :]
+        if any(added[i] != 1 and o in apps for i, o in enumerate(sorted(per_owner))):
+            raise RuntimeError("reservation quota exceeded under lock")  # pragma: no cover
         return offers
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -247,14 +247,15 @@ async def submit_in_tx(
         except OrbitError as err:
             results[i] = ItemResult(err.status, error=err)
 
-    stamp = await store.clock_now(tx, now)
-
-    # Queues by name (unknown → 404 per item).
-    queues: dict[str, dict[str, Any]] = {}
-    for name in sorted({p.body.queue for p in prepared}):
-        row = await queue_store.queue_get_by_name(tx, namespace_id, name)
-        if row is not None:
-            queues[name] = row
+    # The clock and the queues by name (unknown → 404 per item): ONE round trip.
+    names = sorted({p.body.queue for p in prepared})
+    stamp, *found = await tx.pipeline(
+        store.clock_now(tx, now),
+        *(queue_store.queue_get_by_name(tx, namespace_id, name) for name in names),
+    )
+    queues: dict[str, dict[str, Any]] = {
+        name: row for name, row in zip(names, found, strict=True) if row is not None
+    }
     live: list[_Prepared] = []
     for p in prepared:
         allowed = allowed_queues is None or p.body.queue in allowed_queues
@@ -346,13 +347,15 @@ async def submit_in_tx(
             else ItemResult(twin.status, error=twin.error)
         )
 
-    # Into the rows locked above: the application's, then the queues'.
+    # Into the rows locked above: the application's, then the queues'; then the events —
+    # all in ONE round trip (Tx.pipeline: the same statements in the same order).
+    writes: list[Coroutine[Any, Any, Any]] = []
     if counts and app is not None:
-        await queue_store.application_usage_add(tx, owner_id, sum(counts.values()), 0, 0)
+        writes.append(queue_store.application_usage_add(tx, owner_id, sum(counts.values()), 0, 0))
     for queue_id, n in sorted(counts.items()):
-        await transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=n)
+        writes.append(transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=n))
     for queue_id, n in sorted(denied_per_queue.items()):
-        await queue_store.queue_usage_add_quota_denials(tx, namespace_id, queue_id, n)
+        writes.append(queue_store.queue_usage_add_quota_denials(tx, namespace_id, queue_id, n))
 
     # One INSERT of raw events per request (a group of single submits carries one request
     # id per item; a batch request one for all).
@@ -382,9 +385,12 @@ async def submit_in_tx(
                         request_id=rid,
                     )
                 )
-            await orbit_events.append_events_bulk(tx, namespace_id, events, now=stamp)
+            writes.append(orbit_events.append_events_bulk(tx, namespace_id, events, now=stamp))
         else:
-            await transitions.record_many(tx, namespace_id, changes, request_id=rid, now=stamp)
+            writes.append(
+                transitions.record_many(tx, namespace_id, changes, request_id=rid, now=stamp)
+            )
+    await tx.pipeline(*writes)
     out = [r for r in results if r is not None]
     assert len(out) == len(items)
     return out
@@ -693,6 +699,7 @@ async def submit_singles(
             now=now,
         )
         answers: list[Submitted | OrbitError] = []
+        audits: list[Coroutine[Any, Any, None]] = []
         for i, res in zip(valid, results, strict=True):
             if res.error is not None:
                 answers.append(res.error)
@@ -701,10 +708,11 @@ async def submit_singles(
             work: frozenset[bytes] = frozenset()
             if res.status == 201:
                 work = frozenset({res.row["queue_id"]})
-                await _audit(tx, items[i].actor, namespace_id, res.row["id"], 201, {},
-                             items[i].request_id)  # fmt: skip
+                audits.append(_audit(tx, items[i].actor, namespace_id, res.row["id"], 201, {},
+                                     items[i].request_id))  # fmt: skip
             body = _REPLY_ENCODER.encode(task_body(res.row, deduplicated=res.deduplicated))
             answers.append(Submitted(Reply(res.status, body, False), work))
+        await tx.pipeline(*audits)  # every item's audit record in one round trip
         return answers
 
     if valid:

@@ -24,7 +24,7 @@ This module is imported by both the producer side (tasks, queues) and the worker
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -226,7 +226,11 @@ async def record_many(
     """
     if not changes:
         return
-    await orbit_events.append_events(
+    # One pipeline (Tx.pipeline): the raw events, the hooks' statements and the stream's
+    # advance go in one round trip, the result events' INSERT in the next — the same
+    # statements in the same order as one by one.
+    steps: list[Coroutine[Any, Any, Any]] = []
+    steps.append(orbit_events.append_events(
         tx,
         namespace_id,
         [
@@ -240,21 +244,21 @@ async def record_many(
             for row, event_type, data in changes
         ],
         now=now,
-    )
+    ))  # fmt: skip
     if TERMINAL_HOOKS:
         for row, _, _ in changes:
             if row["state"] in RESULT_STATES:
-                for hook in TERMINAL_HOOKS:
-                    await hook(tx, namespace_id, row, now)
+                steps += [hook(tx, namespace_id, row, now) for hook in TERMINAL_HOOKS]
     results = [
         row
         for row, _, _ in changes
         if (row["state"] in RESULT_STATES if result_event is None else result_event)
     ]
     if results:
-        await orbit_events.append_result_events(
+        steps.append(orbit_events.append_result_events(
             tx, namespace_id, [stored_snapshot(r) for r in results], now=now
-        )
+        ))  # fmt: skip
+    await tx.pipeline(*steps)
 
 
 def stored_snapshot(row: Mapping[str, Any]) -> orbit_events.ResultSnapshot:

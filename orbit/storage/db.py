@@ -21,12 +21,13 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
 import pymysql
+from pymysql.cursors import RE_INSERT_VALUES
 
 from orbit.storage.drivers import PoolOptions, as_pymysql, load_driver
 from orbit.storage.dsn import DSN
@@ -80,21 +81,73 @@ class _CommitLost(Exception):
         self.cause = cause
 
 
+#: One statement's outcome in a pipeline round: (count, rows or None), or the DuplicateKey it
+#: raised (the last entry of a round: the statements after it did not run).
+_Out = tuple[int, list[Row] | None] | DuplicateKey
+
+
+class _Queued:
+    """What a :meth:`Tx.pipeline` step awaits: its rendered statements' results.
+
+    Raises the ``DuplicateKey`` one of them raised (the step may catch it, as around
+    :meth:`Tx.execute`); statements that did not run because an earlier step's statement of
+    the round failed are sent again with the next round.
+    """
+
+    __slots__ = ("sqls",)
+
+    def __init__(self, sqls: list[str]) -> None:
+        self.sqls = sqls
+
+    def __await__(self) -> Generator[Any, Any, list[tuple[int, list[Row] | None]]]:
+        got: list[tuple[int, list[Row] | None]] = []
+        sqls = self.sqls
+        while sqls:
+            outs: list[_Out] = yield _Raw(sqls)
+            for out in outs:
+                if isinstance(out, DuplicateKey):
+                    raise out
+                got.append(out)
+            sqls = sqls[len(outs) :]  # not run: an earlier statement of the round failed
+        return got
+
+
+class _Raw:
+    """A round's statements as a nested pipeline forwards them: the outcomes as they came
+    (possibly fewer than asked, the last one a ``DuplicateKey``), never raised here."""
+
+    __slots__ = ("sqls",)
+
+    def __init__(self, sqls: list[str]) -> None:
+        self.sqls = sqls
+
+    def __await__(self) -> Generator[Any, Any, list[_Out]]:
+        return (yield self)
+
+
 class Tx:
     """One open transaction on one connection. Only store modules call its methods."""
 
-    __slots__ = ("_conn", "_cur", "lastrowid")
+    __slots__ = ("_conn", "_cur", "_piping", "_rows", "lastrowid", "round_trips")
 
     def __init__(self, conn: Any, cur: Any) -> None:
         self._conn = conn
         self._cur = cur
         self.lastrowid: int | None = None
+        self._piping = False  # inside pipeline(): statements are queued, not sent
+        self._rows: list[Row] | None = None  # a piped execute's rows, for fetchall
+        #: Round trips to the server so far (statements, multi-statements; not COMMIT).
+        self.round_trips = 0
 
     async def execute(self, sql: str, args: Any = None) -> int:
         """Run one statement; return the affected (matched) row count.
 
         A duplicate key becomes :class:`DuplicateKey` naming the index.
         """
+        if self._piping:
+            ((n, self._rows),) = await _Queued([self._render(sql, args)])
+            return n
+        self.round_trips += 1
         if STATEMENT_LOG is not None:
             STATEMENT_LOG.append(sql)
         try:
@@ -114,6 +167,10 @@ class Tx:
         # The drivers only send ONE multi-row INSERT when the text starts with INSERT: a leading
         # "-- comment" line would silently make it one round trip per row.
         sql = _LEADING_COMMENTS.sub("", sql)
+        if self._piping:
+            rendered = self._render_many(sql, list(args))
+            return sum(n for n, _ in await _Queued(rendered))
+        self.round_trips += 1
         try:
             n = await self._cur.executemany(sql, list(args))
         except Exception as exc:
@@ -136,8 +193,11 @@ class Tx:
         """
         if not statements:
             return []
+        if self._piping:
+            return [n for n, _ in await _Queued([self._render(q, a) for q, a in statements])]
         if len(statements) == 1:
             return [await self.execute(*statements[0])]
+        self.round_trips += 1
         cur = self._cur
         parts: list[str] = []
         for sql, args in statements:
@@ -163,11 +223,17 @@ class Tx:
         return counts
 
     async def fetchone(self, sql: str, args: Any = None) -> Row | None:
+        if self._piping:
+            rows = await self.fetchall(sql, args)
+            return rows[0] if rows else None
         await self.execute(sql, args)
         row = await self._cur.fetchone()
         return row  # type: ignore[no-any-return]
 
     async def fetchall(self, sql: str, args: Any = None) -> list[Row]:
+        if self._piping:  # through execute (as below), which keeps the statement's rows
+            await self.execute(sql, args)
+            return self._rows or []
         await self.execute(sql, args)
         rows = await self._cur.fetchall()
         return list(rows)
@@ -182,6 +248,116 @@ class Tx:
         """Run a guarded UPDATE (``WHERE ... AND revision = ...``); raise CasConflict on 0 rows."""
         if await self.execute(sql, args) == 0:
             raise CasConflict(entity, detail)
+
+    async def pipeline(self, *steps: Coroutine[Any, Any, Any]) -> list[Any]:
+        """Run several store calls with their statements sent together: ONE round trip (a
+        multi-statement query) per round instead of one per statement; each call's result,
+        in order.
+
+        Each step is a coroutine that uses this ``Tx`` (typically a store function:
+        ``store.task_lock_many(tx, ...)``). The steps are driven in order: each runs until
+        it awaits a statement, the statements of that round are sent as one multi-statement
+        query, in step order, and every step gets its own results back (rows, counts) and
+        runs on; a step that awaits again joins the next round. So the server runs the
+        statements in exactly the order sequential calls would have — lock order included —
+        minus the round trips. A step may await nothing but this transaction (anything else
+        raises ``RuntimeError``). A pipeline inside a step (nested) sends its rounds through
+        the outer one, so they share its round trips. A failing statement raises from
+        ``pipeline`` (as from :meth:`execute`: ``DuplicateKey`` for 1062): the statements
+        after it did not run, the steps are closed, and the caller's transaction is rolled
+        back as for any error — so use it only for statements whose failure fails the
+        transaction.
+        """
+        nested = self._piping
+        results: list[Any] = [None] * len(steps)
+        todo: list[tuple[int, Coroutine[Any, Any, Any], Any]] = [
+            (i, step, None) for i, step in enumerate(steps)
+        ]
+        try:
+            while todo:
+                queued: list[tuple[int, Coroutine[Any, Any, Any], _Raw]] = []
+                self._piping = True
+                try:
+                    for i, step, value in todo:
+                        try:
+                            wait = step.send(value)
+                        except StopIteration as done:
+                            results[i] = done.value
+                            continue
+                        if not isinstance(wait, _Raw):
+                            raise RuntimeError(
+                                "a Tx.pipeline() step awaited something other than its Tx"
+                            )
+                        queued.append((i, step, wait))
+                finally:
+                    self._piping = nested
+                if not queued:
+                    break
+                sqls = [sql for _, _, w in queued for sql in w.sqls]
+                # Nested: this round's statements go out with the enclosing pipeline's round.
+                outs = await (_Raw(sqls) if nested else self._send_many(sqls))
+                # Each step gets its share of the outcomes: all of them, or (after a failed
+                # statement) the part that ran — the failing step gets the error, the steps
+                # after it nothing, so they send their statements again next round.
+                todo, k = [], 0
+                for i, step, wait in queued:
+                    n = len(wait.sqls)
+                    todo.append((i, step, outs[k : k + n]))
+                    k += n
+        finally:
+            for step in steps:
+                step.close()  # a no-op on finished steps; stops the others
+        return results
+
+    def _render(self, sql: str, args: Any) -> str:
+        if STATEMENT_LOG is not None:
+            STATEMENT_LOG.append(sql)
+        text: str = self._cur.mogrify(sql, args) if args is not None else sql
+        return text.strip().rstrip(";")
+
+    def _render_many(self, sql: str, args: list[Any]) -> list[str]:
+        """An ``executemany`` as statements: one multi-row INSERT (as the drivers send it)."""
+        if STATEMENT_LOG is not None:
+            STATEMENT_LOG.append(sql)
+        if not args:
+            return []
+        m = RE_INSERT_VALUES.match(sql)
+        if m is None:
+            return [self._cur.mogrify(sql, a).strip().rstrip(";") for a in args]
+        prefix, values, postfix = m.group(1) % (), m.group(2).rstrip(), m.group(3) or ""
+        rows = ",".join(self._cur.mogrify(values, a) for a in args)
+        return [f"{prefix}{rows}{postfix}".strip().rstrip(";")]
+
+    async def _send_many(self, sqls: list[str]) -> list[_Out]:
+        """Run rendered statements in ONE round trip; per statement (count, rows or None).
+
+        A ``DuplicateKey`` ends the list (the statements after it did not run; the
+        transaction stays usable, as after a failed :meth:`execute`); any other error raises.
+        """
+        if not sqls:
+            return []
+        self.round_trips += 1
+        cur = self._cur
+        outs: list[_Out] = []
+        try:
+            # "\n;\n": a statement ending in a "-- comment" line cannot swallow the ";".
+            await cur.execute("\n;\n".join(sqls))
+            while True:
+                rows = list(await cur.fetchall()) if cur.description else None
+                outs.append((max(int(cur.rowcount or 0), 0), rows))
+                if len(outs) == len(sqls) or not await cur.nextset():
+                    break
+        except Exception as exc:
+            err = _driver_error(exc)
+            if isinstance(err, DuplicateKey):
+                outs.append(err)
+                return outs
+            if err is exc:
+                raise
+            raise err from exc
+        if len(outs) != len(sqls):  # pragma: no cover - the server answers every statement
+            raise RuntimeError(f"multi-statement returned {len(outs)} of {len(sqls)} results")
+        return outs
 
 
 class Database:

@@ -49,8 +49,10 @@ async def event_stream_advance(
 
     The stream row stays locked by this transaction until it ends.
     """
-    await tx.execute(Q.event_stream_advance, {"namespace_id": namespace_id, "n": n, "now": now})
-    row = await tx.fetchone(Q.event_stream_get, {"namespace_id": namespace_id})
+    _, row = await tx.pipeline(  # one round trip: the upsert, then the row as it left it
+        tx.execute(Q.event_stream_advance, {"namespace_id": namespace_id, "n": n, "now": now}),
+        tx.fetchone(Q.event_stream_get, {"namespace_id": namespace_id}),
+    )
     assert row is not None
     return int(row["last_seq"]), (now or row["db_now"])
 

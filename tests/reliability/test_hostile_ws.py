@@ -181,8 +181,10 @@ def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: C
     token: refused, and the task still completes exactly once afterwards."""
     from reliability_support import get_task, recv_json, submit
 
-    s = open_session(server.url, ws_tenant, ["default"])
-    task = submit(server.url, ws_tenant)
+    # A queue of its own: an offer of another test's task cannot come between the replies.
+    put_queue(server.url, ws_tenant, "out-of-order")
+    s = open_session(server.url, ws_tenant, ["out-of-order"])
+    task = submit(server.url, ws_tenant, "out-of-order")
     with ws_connect(server, s) as ws:
         offer = recv_json(ws, "offer")
         while offer["task"]["id"] != task["id"]:
@@ -223,7 +225,9 @@ def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: C
 
 
 def test_huge_frames_and_a_flood_keep_memory_bounded(server: OrbitServer, ws_tenant: CliTenant) -> None:
-    session = open_session(server.url, ws_tenant, ["default"])
+    # An empty queue of its own: no offer can take the place of a frame's reply.
+    put_queue(server.url, ws_tenant, "flood")
+    session = open_session(server.url, ws_tenant, ["flood"])
     prober = Prober(server, session)
     # Warm up (first frames allocate decoders, pools, ...), then measure.
     for _ in range(20):
