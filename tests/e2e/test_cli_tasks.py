@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -202,7 +203,15 @@ def test_tail_follows_new_events_as_ndjson(t: CliTenant) -> None:
     assert endless.stdout is not None
     assert json.loads(endless.stdout.readline())["seq"] == 1  # it is following
     endless.send_signal(signal.SIGINT)  # Ctrl-C is how a tail ends: exit 0
-    assert endless.wait(30) == 0
+    try:  # read its pipes while it ends (a full pipe must not keep it from exiting)
+        _, err = endless.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        endless.kill()
+        _, err = endless.communicate()
+        raise AssertionError(
+            f"the tail did not end within 30 s of SIGINT; stderr: {err!r}"
+        ) from None
+    assert endless.returncode == 0, err
 
 
 def test_queue_limited_key_and_namespace_choice(t: CliTenant) -> None:
