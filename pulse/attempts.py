@@ -502,7 +502,8 @@ async def start_many(
         limited: bool = True if keyed else usage
         t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
         changes: list[Change] = []
-        statements: list[tuple[str, Any]] = []
+        attempt_rows: list[dict[str, Any]] = []  # the granted starts' writes, one per table
+        task_rows: list[dict[str, Any]] = []
         granted: list[tuple[int, Row, Row, str, datetime, int | None]] = []
         pending: dict[tuple[bytes, bytes], int] = defaultdict(int)
         budget: permits.StartBudget | None = None  # opened at the first resource check
@@ -568,22 +569,15 @@ async def start_many(
                 continue
             lease = t + _ms(int(queues[task["queue_id"]]["lease_ms"]))
             token = "ext_" + new_secret()
-            statements.append((
-                store.Q.attempt_start_if_offered,
-                {
-                    "namespace_id": namespace_id, "id": attempt_id, "token_digest": digest(token),
-                    "concurrency_token": concurrency_token, "lease_expires_at": lease, "now": t,
-                    "revision": attempt["revision"],
-                },
-            ))  # fmt: skip
-            statements.append((
-                store.Q.task_start_if_leased,
-                {
-                    "namespace_id": namespace_id, "id": task["id"], "attempt_id": attempt_id,
-                    "generation": attempt["generation"], "lease_expires_at": lease, "now": t,
-                    "revision": task["revision"],
-                },
-            ))  # fmt: skip
+            attempt_rows.append({
+                "id": attempt_id, "token_digest": digest(token),
+                "concurrency_token": concurrency_token, "lease_expires_at": lease,
+                "revision": attempt["revision"],
+            })  # fmt: skip
+            task_rows.append({
+                "id": task["id"], "attempt_id": attempt_id, "generation": attempt["generation"],
+                "lease_expires_at": lease, "revision": task["revision"],
+            })  # fmt: skip
             pending[(task["queue_id"], task["owner_id"])] += 1
             granted.append((idx, task, attempt, token, lease, concurrency_token))
         if granted:
@@ -606,9 +600,16 @@ async def start_many(
                 )
                 data = {"session_id": id_hex(items[idx][0]), "generation": generation}
                 changes.append((after, transitions.EVENT_STARTED, data))
-        # The writes in ONE round trip (then the result events' INSERT, when there are
-        # any): the guarded per-row UPDATEs, the summed usage deltas, the permit budget,
-        # the events — in that order, as one by one.
+        # The writes in ONE round trip: each table's guarded UPDATE for every granted start
+        # in ONE statement (each row's own guard and values by id; the matched count must be
+        # the number of rows: they are locked), then the summed usage deltas, the permit
+        # budget, the events — in that order.
+        statements = (
+            [store.attempts_start_statement(namespace_id, attempt_rows, t),
+             store.tasks_start_statement(namespace_id, task_rows, t)]
+            if task_rows
+            else []
+        )  # fmt: skip
         counts, *_ = await tx.pipeline(
             tx.execute_batch(statements),
             *(
@@ -620,7 +621,7 @@ async def start_many(
             *([budget.flush(tx)] if budget is not None else []),
             transitions.record_many(tx, namespace_id, changes, now=t),
         )
-        if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
+        if counts != [len(task_rows)] * len(counts):  # pragma: no cover - every row is locked
             raise Conflict("attempt or task changed while locked", kind="start")
         return out, deferred
 

@@ -595,19 +595,12 @@ class Dispatcher:
         offer_lease = t + timedelta(milliseconds=self.settings.offer_lease_ms)
         offers: list[wire.Offer] = []
         attempts: list[Row] = []
-        leases: list[tuple[str, Any]] = []
+        leased: list[dict[str, Any]] = []
         per_owner: dict[bytes, int] = defaultdict(int)
         per_queue: dict[bytes, int] = defaultdict(int)
         for row, attempt_id in batch.rows:
             generation = int(row["attempts"]) + 1
-            leases.append((
-                attempt_store.Q.task_lease_if_waiting,
-                {
-                    "namespace_id": ns, "id": row["id"], "attempt_id": attempt_id,
-                    "session_id": info.session_id, "lease_expires_at": offer_lease,
-                    "now": t, "revision": row["revision"],
-                },
-            ))  # fmt: skip
+            leased.append({"id": row["id"], "attempt_id": attempt_id, "revision": row["revision"]})
             attempts.append({
                 "namespace_id": ns, "id": attempt_id, "task_id": row["id"],
                 "generation": generation, "session_id": info.session_id,
@@ -617,10 +610,11 @@ class Dispatcher:
             per_queue[row["queue_id"]] += 1
             offers.append(wire.offer_from_row(row, attempt_id, generation, offer_lease))
         # Every claimed row and every usage row is locked by this transaction already: ONE
-        # round trip of guarded per-row UPDATEs (WAITING → LEASED by primary key and
-        # revision, each with its own count) followed by the reservations added to the
-        # usage rows (owners, then queues, sorted; the quota guard cannot refuse: the
-        # allowance was judged on the rows as locked).
+        # guarded UPDATE of all the claimed rows (WAITING → LEASED, each row's own revision
+        # and attempt by id; the matched count must be the number of rows) followed by the
+        # reservations added to the usage rows (owners, then queues, sorted; the quota guard
+        # cannot refuse: the allowance was judged on the rows as locked).
+        leases = [attempt_store.tasks_lease_statement(ns, leased, info.session_id, offer_lease, t)]
         counters: list[tuple[str, Any]] = [
             (
                 store.Q.application_reservations_add_within_limit,
@@ -657,7 +651,7 @@ class Dispatcher:
             attempt_store.attempt_insert_many(tx, attempts),
             transitions.record_many(tx, ns, changes, now=t),
         )
-        if any(c != 1 for c in counts[: len(leases)]):  # pragma: no cover - rows locked
+        if counts[0] != len(leased):  # pragma: no cover - rows locked
             raise RuntimeError("a claimed task changed while locked")
         added = counts[len(leases) :]
         if any(added[i] != 1 and o in apps for i, o in enumerate(sorted(per_owner))):

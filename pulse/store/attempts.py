@@ -273,9 +273,7 @@ async def attempt_lock_many(
     return await _by_id(tx, Q.attempt_lock_many, namespace_id, ids, now=now)
 
 
-async def session_state_many(
-    tx: Tx, namespace_id: bytes, ids: Sequence[bytes]
-) -> dict[bytes, Row]:
+async def session_state_many(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> dict[bytes, Row]:
     """``state`` and ``expires_at`` of many sessions (no lock), by session id."""
     return await _by_id(tx, Q.session_state_many, namespace_id, ids)
 
@@ -339,3 +337,87 @@ async def attempt_rotate_token_if_running(tx: Tx, row: Row) -> bool:
     """Replace a RUNNING attempt's execution token digest (a re-sent ``start`` of its holding
     session). False: not running, another session's, its lease passed, or revision moved."""
     return await tx.execute(Q.attempt_rotate_token_if_running, row) == 1
+
+
+# -- many rows, one statement --------------------------------------------------------------------
+#
+# The start batch's writes as ONE guarded UPDATE per table instead of one per row. Each row
+# keeps its own guard (its id, state and revision — the ``CASE`` in the WHERE clause) and its
+# own values (``CASE id WHEN …``); the statement's matched-row count must equal the number of
+# rows, exactly as each per-row statement's count had to be 1 (the rows are locked by the
+# calling transaction). Built here rather than in attempts.sql: its length depends on the batch.
+
+
+def _case(column: str, ids: Sequence[bytes], values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """``CASE id WHEN %s THEN %s … END`` for ``column``'s new value per row."""
+    args: list[Any] = []
+    for i, v in zip(ids, values, strict=True):
+        args += [i, v]
+    return f"{column} = CASE id" + " WHEN %s THEN %s" * len(ids) + " END", args
+
+
+def attempts_start_statement(
+    namespace_id: bytes, rows: Sequence[dict[str, Any]], now: datetime
+) -> tuple[str, list[Any]]:
+    """OFFERED → RUNNING for many attempts (``attempt_start_if_offered`` per row): each row is
+    ``{"id", "revision", "token_digest", "concurrency_token", "lease_expires_at"}``."""
+    ids = [r["id"] for r in rows]
+    sets, args = [], []
+    for column, key in (("execution_token_digest", "token_digest"),
+                        ("concurrency_token", "concurrency_token"),
+                        ("lease_expires_at", "lease_expires_at")):  # fmt: skip
+        sql, a = _case(column, ids, [r[key] for r in rows])
+        sets.append(sql)
+        args += a
+    guard, guard_args = _case("revision", ids, [r["revision"] for r in rows])
+    sql = (
+        "UPDATE pulse_attempts SET state = 'RUNNING', " + ", ".join(sets)
+        + ", started_at = %s, revision = revision + 1"
+        " WHERE namespace_id = %s AND id IN (" + ", ".join(["%s"] * len(ids)) + ")"
+        " AND state = 'OFFERED' AND " + guard
+    )  # fmt: skip
+    return sql, [*args, now, namespace_id, *ids, *guard_args]
+
+
+def tasks_start_statement(
+    namespace_id: bytes, rows: Sequence[dict[str, Any]], now: datetime
+) -> tuple[str, list[Any]]:
+    """LEASED → RUNNING for many tasks (``task_start_if_leased`` per row): each row is
+    ``{"id", "revision", "attempt_id", "generation", "lease_expires_at"}``."""
+    ids = [r["id"] for r in rows]
+    attempts_sql, attempts_args = _case("attempts", ids, [r["generation"] for r in rows])
+    lease_sql, lease_args = _case("lease_expires_at", ids, [r["lease_expires_at"] for r in rows])
+    current, current_args = _case("current_attempt_id", ids, [r["attempt_id"] for r in rows])
+    guard, guard_args = _case("revision", ids, [r["revision"] for r in rows])
+    sql = (
+        "UPDATE pulse_tasks SET state = 'RUNNING', " + attempts_sql + ", started_at = %s, "
+        + lease_sql + ", state_version = state_version + 1, state_changed_at = %s,"
+        " revision = revision + 1"
+        " WHERE namespace_id = %s AND id IN (" + ", ".join(["%s"] * len(ids)) + ")"
+        " AND state = 'LEASED' AND " + current + " AND " + guard
+    )  # fmt: skip
+    return sql, [*attempts_args, now, *lease_args, now, namespace_id, *ids, *current_args,
+                 *guard_args]  # fmt: skip
+
+
+def tasks_lease_statement(
+    namespace_id: bytes,
+    rows: Sequence[dict[str, Any]],
+    session_id: bytes,
+    lease_expires_at: datetime,
+    now: datetime,
+) -> tuple[str, list[Any]]:
+    """WAITING → LEASED for many tasks offered to one session (``task_lease_if_waiting`` per
+    row): each row is ``{"id", "revision", "attempt_id"}``."""
+    ids = [r["id"] for r in rows]
+    current, current_args = _case("current_attempt_id", ids, [r["attempt_id"] for r in rows])
+    guard, guard_args = _case("revision", ids, [r["revision"] for r in rows])
+    sql = (
+        "UPDATE pulse_tasks SET state = 'LEASED', " + current + ", session_id = %s,"
+        " lease_expires_at = %s, state_version = state_version + 1, state_changed_at = %s,"
+        " revision = revision + 1"
+        " WHERE namespace_id = %s AND id IN (" + ", ".join(["%s"] * len(ids)) + ")"
+        " AND state = 'WAITING' AND " + guard
+    )  # fmt: skip
+    return sql, [*current_args, session_id, lease_expires_at, now, namespace_id, *ids,
+                 *guard_args]  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 import time
@@ -94,9 +95,13 @@ class CliTenant:
         )  # fmt: skip
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
+        # SIGINT back to its default in the child, as under a terminal: a test run started in
+        # the background by a shell without job control ignores SIGINT, and a child inherits
+        # that (Python then never raises KeyboardInterrupt: a tail would not stop on Ctrl-C).
         return subprocess.Popen(
             [sys.executable, "-m", "orbit_cmd.cli", *args],
             env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=_default_sigint,
         )  # fmt: skip
 
     def orbit_on_tty(self, *args: str, timeout: float = 60) -> tuple[int, str, str]:
@@ -188,3 +193,7 @@ class HttpWorker:
 
 
 __all__ = ["ROOT", "CliTenant", "HttpWorker", "loads", "server_fixture"]
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
