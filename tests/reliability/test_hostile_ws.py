@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -42,6 +43,7 @@ from reliability_support import server as server  # fixtures
 from websockets.exceptions import ConnectionClosed
 
 from orbit.storage import DSN
+from pulse.sessions import WorkerSettings
 
 pytestmark = pytest.mark.process
 
@@ -129,7 +131,13 @@ class Prober:
         if t not in SERVER_TYPES:
             self.problems.append(f"unknown reply {reply!r}")
         if t == "error":
-            if reply.get("code") == "internal" or set(reply) - {"type", "code", "message", "ref_msg_id", "details"}:
+            if reply.get("code") == "internal" or set(reply) - {
+                "type",
+                "code",
+                "message",
+                "ref_msg_id",
+                "details",
+            }:
                 self.problems.append(f"error frame {reply!r} for {str(data)[:120]!r}")
             if not isinstance(reply.get("code"), str) or not isinstance(reply.get("message"), str):
                 self.problems.append(f"malformed error frame {reply!r}")
@@ -176,6 +184,14 @@ def test_hypothesis_frames_get_an_answer_and_change_nothing(
     run_task_over_ws(server, ws_tenant)  # the server still serves a real worker
 
 
+#: How long an offer stays valid on the test server (a task is offered anew only after it).
+OFFER_LEASE = timedelta(milliseconds=WorkerSettings.from_env().offer_lease_ms)
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: CliTenant) -> None:
     """complete/fail/effect before start, a second start, a report with another attempt's
     token: refused, and the task still completes exactly once afterwards."""
@@ -190,6 +206,23 @@ def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: C
         while offer["task"]["id"] != task["id"]:
             offer = recv_json(ws, "offer")
         aid = offer["attempt_id"]
+        lease_end = offer["lease_expires_at"]
+
+        def reply() -> dict[str, Any]:
+            """The next frame that is not an offer. The same offer may be pushed twice (on
+            connect, outstanding offers are sent again) and, on a slow box, the task may be
+            offered anew once its offer lease passed — never while it is still running."""
+            nonlocal aid, lease_end
+            while True:
+                frame = recv_json(ws)
+                if frame.get("type") != "offer":
+                    return frame
+                if frame["attempt_id"] != aid:
+                    assert frame["task"]["id"] == task["id"], frame
+                    renewed_at = parse_time(frame["lease_expires_at"]) - OFFER_LEASE
+                    assert parse_time(lease_end) <= renewed_at, (lease_end, frame)
+                    aid, lease_end = frame["attempt_id"], frame["lease_expires_at"]
+
         for i, frame in enumerate([
             {"type": "complete", "attempt_id": aid, "execution_token": "x" * 43, "result": 1},
             {"type": "fail", "attempt_id": aid, "execution_token": "x", "error": {"type": "e"}},
@@ -197,9 +230,11 @@ def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: C
             {"type": "cancelled", "attempt_id": aid, "execution_token": "x"},
         ]):  # fmt: skip
             ws.send(json.dumps({**frame, "msg_id": f"early{i}"}))
-            reply = recv_json(ws)
-            assert reply["type"] == "error" and reply["ref_msg_id"] == f"early{i}", reply
-            assert reply["code"] in ("stale_token", "conflict", "not_found", "invalid_request"), reply
+            answer = reply()
+            assert answer["type"] == "error" and answer["ref_msg_id"] == f"early{i}", answer
+            assert answer["code"] in ("stale_token", "conflict", "not_found", "invalid_request"), (
+                answer
+            )
         assert get_task(server.url, ws_tenant, task["id"])["state"] == "LEASED"
         ws.send(json.dumps({"type": "start", "msg_id": "s1", "attempt_id": aid}))
         started = recv_json(ws, "started")
@@ -224,7 +259,9 @@ def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: C
     assert final["state"] == "SUCCEEDED" and final["result"] == 3 and final["attempts"] == 1
 
 
-def test_huge_frames_and_a_flood_keep_memory_bounded(server: OrbitServer, ws_tenant: CliTenant) -> None:
+def test_huge_frames_and_a_flood_keep_memory_bounded(
+    server: OrbitServer, ws_tenant: CliTenant
+) -> None:
     # An empty queue of its own: no offer can take the place of a frame's reply.
     put_queue(server.url, ws_tenant, "flood")
     session = open_session(server.url, ws_tenant, ["flood"])
