@@ -251,10 +251,6 @@ async def ack(
 ACK_BATCH = 256
 
 
-async def _clock(tx: Tx, now: datetime | None) -> datetime:
-    return now if now is not None else await store.delivery_clock_now(tx)
-
-
 async def ack_many(
     db: Database,
     namespace_id: bytes,
@@ -278,7 +274,7 @@ async def ack_many(
         ids = sorted({d for d, _ in items})
         locked, at = await tx.pipeline(  # the rows and the clock in one round trip
             store.delivery_get_many_for_update(tx, namespace_id, ids),
-            _clock(tx, now),
+            store.delivery_clock_now(tx, now),
         )
         rows = {r.id: r for r in locked}
         out: list[str | OrbitError] = []

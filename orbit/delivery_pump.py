@@ -308,13 +308,9 @@ async def _lock_with_clock(
     clock): ONE round trip."""
     sub, at = await tx.pipeline(
         sub_store.subscription_lock(tx, namespace_id, subscription_id, skip_locked=skip_locked),
-        _clock(tx, now),
+        store.delivery_clock_now(tx, now),
     )
     return sub, at
-
-
-async def _clock(tx: Tx, now: datetime | None) -> datetime:
-    return now if now is not None else await store.delivery_clock_now(tx)
 
 
 async def reclaim_subscription(

@@ -49,8 +49,11 @@ def _rows(rows: Sequence[dict[str, Any]]) -> list[DeliveryRow]:
     return [msgspec.convert(r, DeliveryRow) for r in rows]
 
 
-async def delivery_clock_now(tx: Tx) -> datetime:
-    """The database clock (UTC), read once per transaction that decides leases."""
+async def delivery_clock_now(tx: Tx, now: datetime | None = None) -> datetime:
+    """The database clock (UTC), read once per transaction that decides leases; ``now``
+    instead when the caller pinned it (tests)."""
+    if now is not None:
+        return now
     value: datetime = await tx.fetchval(Q.delivery_clock_now)
     return value
 
