@@ -1,6 +1,7 @@
 """Scenarios S1–S6 (issue 9) against the real server process.
 
-Clients in this (driver) process use plain httpx with pre-encoded bodies and the SDK's
+Producers in this (driver) process POST pre-encoded bodies with a lean keep-alive client
+(``bench/lean_http.py``; httpx for setup calls), results come through the SDK's
 :class:`~orbit_sdk.Subscriber` for results; workers are separate SDK processes
 (``bench/worker.py``). Every scenario uses its own queue (and subscription), so their
 figures do not mix.
@@ -28,6 +29,7 @@ import httpx
 import msgspec
 
 from bench.env import PEERS_DIR, ScratchDatabase, Server, WorkerProcs, proc_sample
+from bench.lean_http import LeanClient
 
 _ENC = msgspec.json.Encoder()
 
@@ -186,7 +188,10 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
     queue = cfg.queue
     sub_name = f"sub-{queue}"
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+    async with (
+        httpx.AsyncClient(timeout=60.0, limits=limits) as client,
+        LeanClient(t.url, connections=64) as lean,
+    ):
         await put_queue(client, t, queue)
         await put_subscription(client, t, sub_name, queue)
         results = Results(t, sub_name)
@@ -212,8 +217,8 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
                     await asyncio.sleep(0.002)
                     continue
                 t0 = time.time()
-                r = await client.post(f"{t.base()}/tasks:batch", headers=t.headers,
-                                      content=batch_body)  # fmt: skip
+                r = await lean.post(f"{t.base()}/tasks:batch", headers=t.headers,
+                                    content=batch_body)  # fmt: skip
                 if r.status_code != 200:
                     errors.append(f"batch {r.status_code} {r.text[:200]}")
                     await asyncio.sleep(0.05)
@@ -228,8 +233,8 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
                     await asyncio.sleep(0.002)
                     continue
                 t0 = time.time()
-                r = await client.post(f"{t.base()}/tasks", headers=t.headers,
-                                      content=single_body)  # fmt: skip
+                r = await lean.post(f"{t.base()}/tasks", headers=t.headers,
+                                    content=single_body)  # fmt: skip
                 if r.status_code != 201:
                     errors.append(f"single {r.status_code} {r.text[:200]}")
                     await asyncio.sleep(0.05)
@@ -451,7 +456,7 @@ async def s2(server: Server, t: Tenant, n: int, gap_s: float = 0.05) -> dict[str
     """Idle system: one worker session; submit one task at a time; submit → handler start."""
     queue = f"s2-{secrets.token_hex(3)}"
     sub_name = f"sub-{queue}"
-    async with httpx.AsyncClient(timeout=30.0) as client:
+    async with httpx.AsyncClient(timeout=30.0) as client, LeanClient(t.url, 1) as lean:
         await put_queue(client, t, queue)
         await put_subscription(client, t, sub_name, queue)
         results = Results(t, sub_name)
@@ -465,8 +470,9 @@ async def s2(server: Server, t: Tenant, n: int, gap_s: float = 0.05) -> dict[str
             for i in range(n + 3):
                 t0 = time.time()
                 body = _ENC.encode({"queue": queue, "kind": "noop", "payload": {"t0": t0}})
-                r = await client.post(f"{t.base()}/tasks", headers=t.headers, content=body)
-                r.raise_for_status()
+                r = await lean.post(f"{t.base()}/tasks", headers=t.headers, content=body)
+                if r.status_code != 201:
+                    raise RuntimeError(f"S2 submit: {r.status_code} {r.text[:200]}")
                 tid = r.json()["id"]
                 arrived = await results.wait_for(tid, 60)
                 res = msgspec.json.decode(results.results[tid])
@@ -492,7 +498,10 @@ async def s3(t: Tenant, seconds: float, clients: int = 16, batch_clients: int = 
     """No workers: single submits from ``clients`` concurrent clients, then batches."""
     queue = f"s3-{secrets.token_hex(3)}"
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+    async with (
+        httpx.AsyncClient(timeout=60.0, limits=limits) as client,
+        LeanClient(t.url, connections=64) as lean,
+    ):
         await put_queue(client, t, queue)
         single_body = _ENC.encode({"queue": queue, "kind": "noop", "payload": {"n": 1}})
         batch_body = _ENC.encode(
@@ -523,13 +532,13 @@ async def s3(t: Tenant, seconds: float, clients: int = 16, batch_clients: int = 
         statuses: Counter[int] = Counter()
 
         async def single() -> int:
-            r = await client.post(f"{t.base()}/tasks", headers=t.headers, content=single_body)
+            r = await lean.post(f"{t.base()}/tasks", headers=t.headers, content=single_body)
             statuses[r.status_code] += 1
             return 1 if r.status_code == 201 else 0
 
         async def batch() -> int:
-            r = await client.post(f"{t.base()}/tasks:batch", headers=t.headers,
-                                  content=batch_body)  # fmt: skip
+            r = await lean.post(f"{t.base()}/tasks:batch", headers=t.headers,
+                                content=batch_body)  # fmt: skip
             statuses[r.status_code] += 1
             if r.status_code != 200:
                 return 0

@@ -1,9 +1,10 @@
 """The dispatcher: two-step dispatch, step 1 (lease due tasks to connected sessions).
 
-For each session connected to this node that wants offers, one transaction:
+For each group of sessions connected to this node that want offers — one namespace, the
+same declared queues, the same keyed-task ability (``_group_key``) — one transaction:
 
-1. lock the session row and check, by the database, that it is ACTIVE, not expired and
-   held by this node; count the attempts it holds (OFFERED + RUNNING) —
+1. lock the session rows (in id order) and check, by the database, that each is ACTIVE,
+   not expired and held by this node; count the attempts each holds (OFFERED + RUNNING) —
    ``free = max_concurrency - held`` is the flow-control budget, so a session never holds
    more than its ``max_concurrency`` (a full session is counted as dispatch backpressure);
 2. skip queues whose gate (namespace or queue) is closed;
@@ -21,15 +22,17 @@ For each session connected to this node that wants offers, one transaction:
 5. claim due tasks (``WAITING``, available, not past the deadline, keyed only for sessions
    that handle keys and only while the key is not held to its limit; never two tasks with
    the same key in one batch) with ``SELECT … FOR UPDATE SKIP LOCKED``, in ``dispatch_at``
-   then id order, at most ``min(free, batch)`` per queue: with one owner in play, one
+   then id order, at most ``min(free, batch × sessions)`` per queue (``free`` summed over
+   the group; the claimed tasks are then dealt out round-robin in claim order, each session
+   at most its own free slots): with one owner in play, one
    queue-wide claim (as before fairness existed); with several, the capacity is split
    round-robin across the owners (starting from a rotating offset) with one claim per owner,
    and what an owner could not use goes to the others. A queue-wide claim may return a
    task of an owner whose row this transaction did not lock (an owner the hint never saw):
    the transaction rolls back and runs again at once with that owner locked too (at most
    ``_MAX_RERUNS`` times; the last run leaves such tasks WAITING for the next round);
-6. update the claimed tasks by primary key with their revisions (WAITING → LEASED; one round
-   trip of per-row guarded UPDATEs), insert the OFFERED attempts (generation = attempts + 1,
+6. update the claimed tasks by primary key with their revisions (WAITING → LEASED, each to
+   its session; one guarded multi-row UPDATE), insert the OFFERED attempts (generation = attempts + 1,
    a short offer lease) with one INSERT;
 7. add the reservations to the owners' application rows and the queues' usage rows (all
    locked in step 4; one round trip), write the raw events;
@@ -37,7 +40,7 @@ For each session connected to this node that wants offers, one transaction:
    push cannot be taken back). An offer that never arrives expires and recovery returns the
    task to WAITING.
 
-Sessions rotate round-robin per node (one round = every connected session once), queues
+Groups and sessions rotate round-robin per node (one round = every group once), queues
 rotate per round within a session, owners rotate per queue. Concurrent dispatchers
 (threads, processes, nodes) get disjoint tasks from SKIP LOCKED; the guarded UPDATEs and the
 start transaction's checks mean no task is offered twice at once and no attempt starts
@@ -52,6 +55,7 @@ import logging
 import random
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -62,7 +66,7 @@ from orbit.storage import Database, Tx
 from pulse import transitions, wire
 from pulse.attempts import Change, now_in_tx
 from pulse.hub import CLOSE_REPLACED, CLOSE_SESSION_GONE, Connection, Hub
-from pulse.sessions import QueueRef, SessionInfo
+from pulse.sessions import QueueRef
 from pulse.store import attempts as attempt_store
 from pulse.store import dispatch as store
 from pulse.store import queues as queue_store
@@ -134,13 +138,21 @@ class OwnerHint:
 
 @dataclass
 class _Outcome:
+    """What one dispatch transaction decided for one session of its group."""
+
     offers: list[wire.Offer]
     #: None: the session is fine. Else why this node must drop its connection.
     gone: str | None = None
-    #: True when some queue gave a full batch (more may be due).
-    more: bool = False
     #: The session had no free slot (dispatch backpressure).
     at_capacity: bool = False
+
+
+@dataclass
+class _Round:
+    """What one dispatch transaction decided for a group of sessions."""
+
+    outcomes: list[_Outcome]  # one per session, in the group's order
+    more: bool = False  # some queue gave a full batch (more may be due)
     #: Offer slots withheld by limits, by denial kind (reservations, queue permits,
     #: application active attempts).
     denied: Counter[str] = field(default_factory=Counter)
@@ -220,7 +232,12 @@ class Dispatcher:
             )
 
     async def run_once(self, *, now: datetime | None = None) -> int:
-        """One dispatch round over the connected sessions; return the number of offers."""
+        """One dispatch round over the connected sessions; return the number of offers.
+
+        Sessions of one namespace that take the same queues (and the same keyed-task
+        ability) are served by ONE transaction (:meth:`dispatch_group`); groups and the
+        sessions within them rotate round-robin per round.
+        """
         total = 0
         conns = [c for c in self.hub.connections() if c.wants_offers()]
         if not conns:
@@ -228,24 +245,38 @@ class Dispatcher:
         self._rotation += 1
         self._more = False
         start = self._rotation % len(conns)
+        groups: dict[tuple[Any, ...], list[Connection]] = {}
         for conn in conns[start:] + conns[:start]:
+            groups.setdefault(_group_key(conn), []).append(conn)
+        for group in groups.values():
             try:
-                total += await self.dispatch_to(conn, now=now)
+                total += await self.dispatch_group(group, now=now)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("dispatch to session %s failed", id_hex(conn.info.session_id))
+                log.exception(
+                    "dispatch to sessions %s failed",
+                    ", ".join(id_hex(c.info.session_id) for c in group),
+                )
         return total
 
     async def dispatch_to(self, conn: Connection, *, now: datetime | None = None) -> int:
         """Offer due tasks to one session (one transaction), then push them."""
+        return await self.dispatch_group([conn], now=now)
+
+    async def dispatch_group(
+        self, conns: Sequence[Connection], *, now: datetime | None = None
+    ) -> int:
+        """Offer due tasks to sessions of ONE namespace that take the same queues, in one
+        transaction (the usage rows are locked once for all of them), then push each its
+        offers. Claimed tasks are dealt out round-robin in ``conns`` order."""
         began = time.perf_counter()
         extra: set[bytes] = set()
         for rerun in range(_MAX_RERUNS + 1):
             strict = rerun < _MAX_RERUNS
             try:
-                outcome = await self.db.transaction(
-                    lambda tx, e=frozenset(extra), s=strict: self._lease(tx, conn, now, e, s)
+                round_ = await self.db.transaction(
+                    lambda tx, e=frozenset(extra), s=strict: self._lease_group(tx, conns, now, e, s)
                 )
                 break
             except OwnersNotLocked as missed:
@@ -254,23 +285,27 @@ class Dispatcher:
                 extra |= missed.owner_ids
         if self._metrics is not None:
             self._seconds.observe(time.perf_counter() - began)
-            if outcome.at_capacity:
-                self._denials.inc(kind=DENIAL_SESSION_CAPACITY)
-            for kind, n in sorted(outcome.denied.items()):
+            for outcome in round_.outcomes:
+                if outcome.at_capacity:
+                    self._denials.inc(kind=DENIAL_SESSION_CAPACITY)
+            for kind, n in sorted(round_.denied.items()):
                 if n:
                     self._denials.inc(n, kind=kind)
-        if outcome.gone is not None:
-            self.hub.unregister(conn)
-            code = CLOSE_REPLACED if outcome.gone == "moved" else CLOSE_SESSION_GONE
-            await conn.close(code, "session_" + outcome.gone)
-            return 0
-        if outcome.more:
+        if round_.more:
             self._more = True
-        if outcome.offers:
-            if self._metrics is not None:
-                self._offers.inc(len(outcome.offers))
-            await self.hub.push_offers(conn, outcome.offers)
-        return len(outcome.offers)
+        total = 0
+        for conn, outcome in zip(conns, round_.outcomes, strict=True):
+            if outcome.gone is not None:
+                self.hub.unregister(conn)
+                code = CLOSE_REPLACED if outcome.gone == "moved" else CLOSE_SESSION_GONE
+                await conn.close(code, "session_" + outcome.gone)
+                continue
+            if outcome.offers:
+                if self._metrics is not None:
+                    self._offers.inc(len(outcome.offers))
+                await self.hub.push_offers(conn, outcome.offers)
+                total += len(outcome.offers)
+        return total
 
     # -- the owner hint ----------------------------------------------------------------------
 
@@ -361,46 +396,56 @@ class Dispatcher:
 
     # -- one dispatch transaction ------------------------------------------------------------
 
-    async def _lease(
+    async def _lease_group(
         self,
         tx: Tx,
-        conn: Connection,
+        conns: Sequence[Connection],
         now: datetime | None,
         extra: frozenset[bytes] = frozenset(),
         strict: bool = True,
-    ) -> _Outcome:
-        info = conn.info
-        ns = info.namespace_id
-        # The session (locked first), the clock, what the session holds and the gates: ONE
-        # round trip (Tx.pipeline; the same statements in the same order).
-        session, t, held, gates = await tx.pipeline(
-            session_store.session_lock(tx, ns, info.session_id),
+    ) -> _Round:
+        ns = conns[0].info.namespace_id
+        queues = conns[0].queues
+        outcomes = [_Outcome([]) for _ in conns]
+        # The sessions (locked first, in id order), the clock, what each session holds and
+        # the gates: ONE round trip (Tx.pipeline; the same statements in the same order).
+        order = sorted(range(len(conns)), key=lambda i: conns[i].info.session_id)
+        k = len(conns)
+        got = await tx.pipeline(
+            *(session_store.session_lock(tx, ns, conns[i].info.session_id) for i in order),
             now_in_tx(tx, now),
-            session_store.session_count_held(tx, ns, info.session_id),
+            *(session_store.session_count_held(tx, ns, conns[i].info.session_id) for i in order),
             queue_store.gate_get_many(
-                tx, ns, [queue_store.NAMESPACE_GATE, *(q.id for q in conn.queues)]
+                tx, ns, [queue_store.NAMESPACE_GATE, *(q.id for q in queues)]
             ),
         )
-        if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= t:
-            return _Outcome([], gone="expired")
-        if session["node_id"] != self.hub.node_id:
-            return _Outcome([], gone="moved")
-        free = int(session["max_concurrency"]) - held
-        if not conn.queues:
-            return _Outcome([])
-        if free <= 0:
-            return _Outcome([], at_capacity=True)
-        if _paused(gates, queue_store.NAMESPACE_GATE):
-            return _Outcome([])
-        keys_ok = bool(session["concurrency_keys"])
-        n = len(conn.queues)
+        t: datetime = got[k]
+        gates = got[-1]
+        sessions: dict[int, Row] = {}
+        free: dict[int, int] = {}  # offers each session may still take
+        for pos, i in enumerate(order):
+            session, held = got[pos], got[k + 1 + pos]
+            if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= t:
+                outcomes[i].gone = "expired"
+            elif session["node_id"] != self.hub.node_id:
+                outcomes[i].gone = "moved"
+            elif queues:
+                room = int(session["max_concurrency"]) - held
+                if room <= 0:
+                    outcomes[i].at_capacity = True
+                else:
+                    sessions[i], free[i] = session, room
+        if not free or _paused(gates, queue_store.NAMESPACE_GATE):
+            return _Round(outcomes)
+        keys_ok = all(bool(s["concurrency_keys"]) for s in sessions.values())
+        n = len(queues)
         first = self._rotation % n
-        batch_size = self.settings.dispatch_batch
-        candidates = [
-            q for q in conn.queues[first:] + conn.queues[:first] if not _paused(gates, q.id)
-        ]
+        # Each session takes at most `dispatch_batch` from one queue, as when served alone.
+        batch_size = self.settings.dispatch_batch * len(free)
+        capacity = sum(free.values())
+        candidates = [q for q in queues[first:] + queues[:first] if not _paused(gates, q.id)]
         if not candidates:
-            return _Outcome([])
+            return _Round(outcomes)
         # Owners in play per queue (non-locking probes, before any lock is taken).
         hints = await tx.pipeline(*(self._hint(tx, ns, q.id) for q in candidates))
         plans = [(q, hint, _due_owners(hint, t)) for q, hint in zip(candidates, hints, strict=True)]
@@ -423,35 +468,50 @@ class Dispatcher:
         room = _queue_room(usage)
         more = False
         for q, hint, owners in plans:
-            if free <= 0:
+            if capacity <= 0:
                 more = True
                 break
-            want = min(free, batch_size)
+            want = min(capacity, batch_size)
             capped = room.get(q.id)
             if capped is not None and capped < want:
-                # The queue's permits leave fewer slots than the session has: offer only
+                # The queue's permits leave fewer slots than the sessions have: offer only
                 # those (a start beyond them would be refused). Withheld slots are denials
                 # where the queue shows due work; a full queue is skipped without a claim.
                 if capped == 0:
                     if owners:
                         batch.denied[DENIAL_QUEUE_PERMITS] += want
                     continue
-                got, full = await self._claim(tx, ns, q, hint, owners, t, keys_ok, capped,
-                                              allowance, batch, locked, strict)  # fmt: skip
+                got_n, full = await self._claim(tx, ns, q, hint, owners, t, keys_ok, capped,
+                                                allowance, batch, locked, strict)  # fmt: skip
                 if full:  # not `more`: the queue has no room left for another round
                     batch.denied[DENIAL_QUEUE_PERMITS] += want - capped
-                free -= got
+                capacity -= got_n
                 continue
-            got, full = await self._claim(tx, ns, q, hint, owners, t, keys_ok, want,
-                                          allowance, batch, locked, strict)  # fmt: skip
+            got_n, full = await self._claim(tx, ns, q, hint, owners, t, keys_ok, want,
+                                            allowance, batch, locked, strict)  # fmt: skip
             more = more or full
-            free -= got
+            capacity -= got_n
         if batch.dropped:
             more = True
         if not batch.rows:
-            return _Outcome([], more=more, denied=batch.denied)
-        offers = await self._write(tx, info, t, batch, apps)
-        return _Outcome(offers, more=more, denied=batch.denied)
+            return _Round(outcomes, more=more, denied=batch.denied)
+        # Deal the claimed tasks out round-robin (in their claim order: priority and
+        # fairness kept) to the sessions with room, each at most its free slots.
+        takers = [i for i in range(len(conns)) if i in free]
+        dealt: list[bytes] = []
+        turn = 0
+        for _ in batch.rows:
+            while free[takers[turn % len(takers)]] == 0:
+                turn += 1
+            i = takers[turn % len(takers)]
+            free[i] -= 1
+            dealt.append(conns[i].info.session_id)
+            turn += 1
+        offers = await self._write(tx, ns, t, batch, dealt, apps)
+        by_session = {conns[i].info.session_id: outcomes[i] for i in takers}
+        for session_id, offer in zip(dealt, offers, strict=True):
+            by_session[session_id].offers.append(offer)
+        return _Round(outcomes, more=more, denied=batch.denied)
 
     async def _claim(
         self,
@@ -586,24 +646,31 @@ class Dispatcher:
         return len(rows)
 
     async def _write(
-        self, tx: Tx, info: SessionInfo, t: datetime, batch: _Batch, apps: dict[bytes, Row]
+        self,
+        tx: Tx,
+        ns: bytes,
+        t: datetime,
+        batch: _Batch,
+        sessions: list[bytes],
+        apps: dict[bytes, Row],
     ) -> list[wire.Offer]:
-        """Lease the claimed tasks, insert their attempts, add the reservations to the rows
-        locked first (``apps``: the owners' rows; owners, then queues, sorted) and record the
-        events; the offers to push after COMMIT."""
-        ns = info.namespace_id
+        """Lease the claimed tasks (``batch.rows[i]`` to session ``sessions[i]``), insert
+        their attempts, add the reservations to the rows locked first (``apps``: the owners'
+        rows; owners, then queues, sorted) and record the events; the offers to push after
+        COMMIT, in ``batch.rows`` order."""
         offer_lease = t + timedelta(milliseconds=self.settings.offer_lease_ms)
         offers: list[wire.Offer] = []
         attempts: list[Row] = []
         leased: list[dict[str, Any]] = []
         per_owner: dict[bytes, int] = defaultdict(int)
         per_queue: dict[bytes, int] = defaultdict(int)
-        for row, attempt_id in batch.rows:
+        for (row, attempt_id), session_id in zip(batch.rows, sessions, strict=True):
             generation = int(row["attempts"]) + 1
-            leased.append({"id": row["id"], "attempt_id": attempt_id, "revision": row["revision"]})
+            leased.append({"id": row["id"], "attempt_id": attempt_id, "revision": row["revision"],
+                           "session_id": session_id})  # fmt: skip
             attempts.append({
                 "namespace_id": ns, "id": attempt_id, "task_id": row["id"],
-                "generation": generation, "session_id": info.session_id,
+                "generation": generation, "session_id": session_id,
                 "lease_expires_at": offer_lease, "now": t,
             })  # fmt: skip
             per_owner[row["owner_id"]] += 1
@@ -614,7 +681,7 @@ class Dispatcher:
         # and attempt by id; the matched count must be the number of rows) followed by the
         # reservations added to the usage rows (owners, then queues, sorted; the quota guard
         # cannot refuse: the allowance was judged on the rows as locked).
-        leases = [attempt_store.tasks_lease_statement(ns, leased, info.session_id, offer_lease, t)]
+        leases = [attempt_store.tasks_lease_statement(ns, leased, offer_lease, t)]
         counters: list[tuple[str, Any]] = [
             (
                 store.Q.application_reservations_add_within_limit,
@@ -636,14 +703,14 @@ class Dispatcher:
             (
                 {
                     **row, "state": "LEASED", "current_attempt_id": attempt_id,
-                    "session_id": info.session_id, "lease_expires_at": offer_lease,
+                    "session_id": session_id, "lease_expires_at": offer_lease,
                     "state_version": int(row["state_version"]) + 1, "state_changed_at": t,
                     "revision": int(row["revision"]) + 1,
                 },
                 transitions.EVENT_LEASED,
-                {"session_id": id_hex(info.session_id)},
+                {"session_id": id_hex(session_id)},
             )
-            for row, attempt_id in batch.rows
+            for (row, attempt_id), session_id in zip(batch.rows, sessions, strict=True)
         ]  # fmt: skip
         # The writes, the attempts and the events in ONE round trip (Tx.pipeline).
         counts, *_ = await tx.pipeline(
@@ -675,6 +742,13 @@ class Dispatcher:
                 await asyncio.sleep(0)
                 continue
             await self.hub.wait_for_work(poll_s * random.uniform(0.8, 1.2), stop)
+
+
+def _group_key(conn: Connection) -> tuple[Any, ...]:
+    """Sessions served by one dispatch transaction: one namespace, the same queues in the
+    same order, the same ability to take keyed tasks."""
+    info = conn.info
+    return (info.namespace_id, tuple(q.id for q in conn.queues), info.concurrency_keys)
 
 
 def _owner_allowance(apps: dict[bytes, Row], kinds: dict[bytes, str]) -> dict[bytes, int] | None:

@@ -3,7 +3,7 @@ starts every background loop, serves with uvicorn.
 
     orbit-server [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
                  [--pool-timeout S] [--db-driver aiomysql|asyncmy] [--max-body-bytes N]
-                 [--header-timeout S]
+                 [--header-timeout S] [--http h11|httptools|auto]
                  [--log-level info] [--plain-logs]
 
 Before serving it checks the schema (``orbit.migrate.status``) and **refuses to start** —
@@ -41,6 +41,11 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:  # the C HTTP parser (optional: `--http httptools`); h11 is the default
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - depends on the environment
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
 from orbit import logs, migrate
 from orbit.context import AppContext
 from orbit.http.app import build_app
@@ -62,7 +67,35 @@ Loop = Callable[[asyncio.Event], Awaitable[None]]
 STOP_GRACE_S = 10.0
 
 
-class HeadDeadlineH11(H11Protocol):
+class _HeadDeadline:
+    """The request-head deadline shared by both HTTP protocols: a timer armed when a wait
+    for a head begins, cancelled when the head is in; on expiry the connection is closed
+    if it still waits for its head (``_awaiting_head``)."""
+
+    head_timeout: float = 10.0
+    _head_timer: asyncio.TimerHandle | None = None
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+
+    def _awaiting_head(self) -> bool:
+        return True
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_expired)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._awaiting_head() and not self.transport.is_closing():
+            self.transport.close()
+
+
+class HeadDeadlineH11(_HeadDeadline, H11Protocol):
     """uvicorn's h11 protocol plus a deadline for each request *head* (slow-loris bound).
 
     uvicorn closes idle keep-alive connections but waits forever for the rest of a request
@@ -71,35 +104,63 @@ class HeadDeadlineH11(H11Protocol):
     wait began. Bodies and WebSockets are not affected (the deadline stops at the head).
     """
 
-    head_timeout: float = 10.0
-
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self._head_timer: asyncio.TimerHandle | None = None
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:
             self._arm_head_timer()
-        elif self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        else:
+            self._cancel_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._cancel_head_timer()
         super().connection_lost(exc)
 
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.head_timeout, self._head_expired)
+    def _awaiting_head(self) -> bool:
+        return self.conn.their_state is h11.IDLE
 
-    def _head_expired(self) -> None:
-        self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()
+
+if HttpToolsProtocol is not None:
+
+    class HeadDeadlineHttpTools(_HeadDeadline, HttpToolsProtocol):  # type: ignore[misc,valid-type]
+        """uvicorn's httptools (C parser) protocol with the same request-head deadline as
+        :class:`HeadDeadlineH11`: armed when a connection opens and when a response completes
+        with no pipelined request behind it (the wait for the next head begins), cancelled
+        when a head has been parsed. Data arriving in between does not extend it.
+        """
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def on_headers_complete(self) -> None:
+            self._cancel_head_timer()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            waiting = not self.pipeline
+            super().on_response_complete()
+            if waiting and not self.transport.is_closing():
+                self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+
+def http_protocol(parser: str, head_timeout: float) -> type[asyncio.Protocol]:
+    """The uvicorn HTTP protocol class for ``parser`` (``auto``: httptools when installed,
+    else h11), with the request-head deadline ``head_timeout`` seconds."""
+    if parser not in ("auto", "h11", "httptools"):
+        raise ValueError(f"bad --http: auto, h11 or httptools, not {parser!r}")
+    if parser == "httptools" and HttpToolsProtocol is None:
+        raise ValueError("bad --http: httptools is not installed (pip install httptools)")
+    if parser == "h11" or HttpToolsProtocol is None:
+        return type("OrbitH11", (HeadDeadlineH11,), {"head_timeout": head_timeout})
+    return type("OrbitHttpTools", (HeadDeadlineHttpTools,), {"head_timeout": head_timeout})
 
 
 def _optional(module: str) -> ModuleType | None:
@@ -224,6 +285,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=float(os.environ.get("ORBIT_HEADER_TIMEOUT_S", "10")),
         help="seconds a client may take to send a request head (slow-loris bound; default 10)",
     )  # fmt: skip
+    p.add_argument(
+        "--http", default=os.environ.get("ORBIT_HTTP_PARSER", "h11"),
+        choices=("auto", "h11", "httptools"),
+        help="HTTP parser: h11 (pure Python) or httptools (C; pip install httptools); auto "
+        "takes httptools when installed (default $ORBIT_HTTP_PARSER, else h11: httptools "
+        "measured no faster here, docs/performance.md)",
+    )  # fmt: skip
     p.add_argument("--log-level", default=os.environ.get("ORBIT_LOG_LEVEL", "info"))
     p.add_argument(
         "--plain-logs", action="store_true", help="human-readable logs instead of JSON lines"
@@ -287,6 +355,11 @@ async def serve(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as exc:
         _say(f"bad --db-driver: {exc}")
         return EXIT_USAGE
+    try:
+        http = http_protocol(args.http, args.header_timeout)
+    except ValueError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
     dev = None
     try:
         if args.dev:
@@ -305,7 +378,6 @@ async def serve(args: argparse.Namespace) -> int:
             settings = Settings.from_env(max_body_bytes=args.max_body_bytes)
             ctx = AppContext(db=db, settings=settings)
             app = build_app(ctx, extra_routes(ctx), lifespan=lifespan(ctx, background_loops(ctx)))
-            http = type("OrbitH11", (HeadDeadlineH11,), {"head_timeout": args.header_timeout})
             config = uvicorn.Config(
                 app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                 access_log=False, lifespan="on", log_config=None, http=http,
@@ -315,11 +387,13 @@ async def serve(args: argparse.Namespace) -> int:
             # with this no-op handler restored underneath, SIGTERM ends with exit code 0.
             signal.signal(signal.SIGTERM, lambda *_: None)
             log.info(
-                "serving on %s:%s (database %s, node %s)",
+                "serving on %s:%s (database %s, node %s, http %s, driver %s)",
                 args.host,
                 args.port,
                 dsn.database,
                 ctx.node_id,
+                "h11" if issubclass(http, HeadDeadlineH11) else "httptools",
+                driver,
             )
             await server.serve()
             return EXIT_OK if server.started else EXIT_UNAVAILABLE

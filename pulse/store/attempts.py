@@ -403,21 +403,25 @@ def tasks_start_statement(
 def tasks_lease_statement(
     namespace_id: bytes,
     rows: Sequence[dict[str, Any]],
-    session_id: bytes,
     lease_expires_at: datetime,
     now: datetime,
 ) -> tuple[str, list[Any]]:
-    """WAITING → LEASED for many tasks offered to one session (``task_lease_if_waiting`` per
-    row): each row is ``{"id", "revision", "attempt_id"}``."""
+    """WAITING → LEASED for many tasks offered to sessions (``task_lease_if_waiting`` per
+    row): each row is ``{"id", "revision", "attempt_id", "session_id"}``."""
     ids = [r["id"] for r in rows]
     current, current_args = _case("current_attempt_id", ids, [r["attempt_id"] for r in rows])
+    holders = [r["session_id"] for r in rows]
+    if len(set(holders)) == 1:  # one session (the common case): no CASE needed
+        holder, holder_args = "session_id = %s", holders[:1]
+    else:
+        holder, holder_args = _case("session_id", ids, holders)
     guard, guard_args = _case("revision", ids, [r["revision"] for r in rows])
     sql = (
-        "UPDATE pulse_tasks SET state = 'LEASED', " + current + ", session_id = %s,"
+        "UPDATE pulse_tasks SET state = 'LEASED', " + current + ", " + holder + ","
         " lease_expires_at = %s, state_version = state_version + 1, state_changed_at = %s,"
         " revision = revision + 1"
         " WHERE namespace_id = %s AND id IN (" + ", ".join(["%s"] * len(ids)) + ")"
         " AND state = 'WAITING' AND " + guard
     )  # fmt: skip
-    return sql, [*current_args, session_id, lease_expires_at, now, namespace_id, *ids,
+    return sql, [*current_args, *holder_args, lease_expires_at, now, namespace_id, *ids,
                  *guard_args]  # fmt: skip

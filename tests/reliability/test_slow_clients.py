@@ -59,6 +59,21 @@ def slow_server(dsn: DSN, log_dir: Path) -> Iterator[OrbitServer]:
         assert s.stop() == 0, s.logs()[-3000:]
 
 
+@pytest.fixture(scope="module", params=["h11", "httptools"])
+def head_server(request: pytest.FixtureRequest, dsn: DSN, log_dir: Path) -> Iterator[OrbitServer]:
+    """A server with the short head deadline, once per HTTP parser (``--http``)."""
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
+    s = OrbitServer(dsn, log_dir,
+                    extra_args=["--header-timeout", str(HEADER_TIMEOUT_S), "--http", request.param])  # fmt: skip
+    s.start()
+    try:
+        assert f"http {request.param}" in s.logs()  # the parser asked for serves
+        yield s
+    finally:
+        assert s.stop() == 0, s.logs()[-3000:]
+
+
 def _latency(url: str, n: int = 20) -> float:
     """Worst latency (s) of ``n`` fresh-connection GET /healthz."""
     worst = 0.0
@@ -69,7 +84,8 @@ def _latency(url: str, n: int = 20) -> float:
     return worst
 
 
-def test_slow_loris_connections_are_closed_and_others_are_served(slow_server: OrbitServer) -> None:
+def test_slow_loris_connections_are_closed_and_others_are_served(head_server: OrbitServer) -> None:
+    slow_server = head_server
     n = 200
     socks: list[socket.socket] = []
     for _ in range(n):
@@ -109,10 +125,10 @@ def test_slow_loris_connections_are_closed_and_others_are_served(slow_server: Or
     assert worst < 3.0  # served meanwhile (generous: CI machines run other suites too)
 
 
-def test_a_complete_but_slow_request_head_is_within_the_deadline(slow_server: OrbitServer) -> None:
+def test_a_complete_but_slow_request_head_is_within_the_deadline(head_server: OrbitServer) -> None:
     """The deadline covers the head only: a client that sends its head promptly and reads
     slowly is served normally, and keep-alive connections still work."""
-    with httpx.Client(base_url=slow_server.url) as c:
+    with httpx.Client(base_url=head_server.url) as c:
         for _ in range(3):
             assert c.get("/healthz").status_code == 200
             time.sleep(HEADER_TIMEOUT_S / 2)
