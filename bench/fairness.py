@@ -33,6 +33,7 @@ import httpx
 import msgspec
 
 from bench.env import ScratchDatabase, Server, WorkerProcs, proc_sample
+from bench.lean_http import LeanClient
 from bench.scenarios import (
     Results,
     Tenant,
@@ -127,7 +128,10 @@ async def leg(
     queue = f"s5-{secrets.token_hex(3)}"
     sub_name = f"sub-{queue}"
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+    async with (
+        httpx.AsyncClient(timeout=60.0, limits=limits) as client,
+        LeanClient(server.url, connections=64) as lean,
+    ):
         sem = asyncio.Semaphore(8)
 
         async def setup(t: Tenant) -> None:
@@ -168,8 +172,8 @@ async def leg(
                     continue
                 t = next(turn)
                 t0 = time.time()
-                r = await client.post(f"{t.base()}/tasks:batch", headers=t.headers,
-                                      content=batch_body)  # fmt: skip
+                r = await lean.post(f"{t.base()}/tasks:batch", headers=t.headers,
+                                    content=batch_body)  # fmt: skip
                 if r.status_code != 200:
                     errors.append(f"batch {r.status_code} {r.text[:200]}")
                     await asyncio.sleep(0.05)
@@ -186,8 +190,8 @@ async def leg(
                     continue
                 t = next(turn)
                 t0 = time.time()
-                r = await client.post(f"{t.base()}/tasks", headers=t.headers,
-                                      content=single_body)  # fmt: skip
+                r = await lean.post(f"{t.base()}/tasks", headers=t.headers,
+                                    content=single_body)  # fmt: skip
                 if r.status_code != 201:
                     errors.append(f"single {r.status_code} {r.text[:200]}")
                     await asyncio.sleep(0.05)

@@ -53,6 +53,13 @@ class DeliveryHub:
 
     def __init__(self) -> None:
         self._events: dict[tuple[bytes, bytes], set[asyncio.Event]] = {}
+        self._probes: delivery_pump.LeaseProbes | None = None
+
+    def lease_probes(self, db: Database) -> delivery_pump.LeaseProbes:
+        """This process's coalesced hand-out probes on ``db`` (created on first use)."""
+        if self._probes is None or self._probes.db is not db:
+            self._probes = delivery_pump.LeaseProbes(db)
+        return self._probes
 
     def watch(self, namespace_id: bytes, subscription_id: bytes) -> asyncio.Event:
         ev = asyncio.Event()
@@ -122,6 +129,26 @@ def install_metrics(registry: Registry, db: Database) -> None:
     registry.add_collector(collect)
 
 
+def _install_probe_metrics(registry: Registry, hub: DeliveryHub) -> None:
+    """``orbit_delivery_probe_statements_total`` / ``orbit_delivery_probes_total``: the
+    coalesced hand-out probes of this process's consumers (delivery_pump.LeaseProbes)."""
+    statements = registry.counter(
+        "orbit_delivery_probe_statements_total",
+        "Hand-out probe statements sent (consumers' probes coalesced: one per poll tick)",
+    )
+    probed = registry.counter(
+        "orbit_delivery_probes_total", "Hand-out probes (subscriptions) those statements carried"
+    )
+
+    async def collect() -> None:
+        probes = hub._probes
+        if probes is not None:
+            statements.set_total(probes.statements)
+            probed.set_total(probes.probed)
+
+    registry.add_collector(collect)
+
+
 @dataclass
 class LoopRound:
     """What one :meth:`DeliveryLoop.run_once` did."""
@@ -173,6 +200,8 @@ class DeliveryLoop:
                 "orbit_delivery_loop_errors_total", "Failed pump or sweep transactions", ("stage",)
             )
             install_metrics(metrics, db)
+            if hub is not None:
+                _install_probe_metrics(metrics, hub)
 
     async def run_once(self, *, now: datetime | None = None) -> LoopRound:
         """One round: pump every subscription that is behind (bounded), then — at most every

@@ -158,6 +158,13 @@ class _Held:
     deadline: float  # monotonic time the lease ends (approximately)
 
 
+def _until_tick(period_s: float) -> float:
+    """Seconds until the next multiple of ``period_s`` on the monotonic clock (at least a
+    tenth of a period: a stream that just polled does not poll again at once)."""
+    left = period_s - time.monotonic() % period_s
+    return left if left >= period_s / 10 else left + period_s
+
+
 class StreamConnection:
     """One accepted subscription WebSocket; :meth:`run` returns when it ends."""
 
@@ -183,6 +190,7 @@ class StreamConnection:
         self._acks: asyncio.Queue[AckFrame] = asyncio.Queue(maxsize=self.capacity)
         self.stats = StreamStats()
         self._wake = hub.watch(sub.namespace_id, sub.id)
+        self._probes = hub.lease_probes(db)
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
 
@@ -208,7 +216,9 @@ class StreamConnection:
                 self.capacity - CONTROL_SLOTS - self.queue.qsize(),
             )
             if room > 0:
-                batch = await delivery_pump.lease(self.db, self.namespace_id, self.sub.id, room)
+                batch = await delivery_pump.lease(
+                    self.db, self.namespace_id, self.sub.id, room, probes=self._probes
+                )
                 self.max_in_flight = min(
                     batch.subscription.max_in_flight, self.capacity - CONTROL_SLOTS
                 )
@@ -224,8 +234,11 @@ class StreamConnection:
                     continue
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
             # cancellation that lands as the event is set, and this task would never end.
+            # Idle streams poll on a tick shared by the process (the next multiple of
+            # poll_s on the monotonic clock), so their probes go out together as one
+            # statement (delivery_pump.LeaseProbes) instead of one each.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.options.poll_s):
+                async with asyncio.timeout(_until_tick(self.options.poll_s)):
                     await self._wake.wait()
 
     def _expire_local(self) -> None:

@@ -165,12 +165,14 @@ SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state,
 FROM orbit_result_events
 WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 
--- name: delivery_lease_probe
--- One non-locking statement before a hand-out (orbit.delivery_pump.lease): the subscription,
--- whether its position is behind the stream (something to pump), whether a PENDING delivery
--- is due or a lease has expired, and how many are LEASED. When there is nothing to pump,
--- hand out or reclaim, the hand-out ends here instead of locking the subscription row.
--- The subqueries are index-only ranges of ix_orbit_deliveries_due.
+-- name: delivery_lease_probe_many
+-- The non-locking probe before a hand-out (orbit.delivery_pump.lease), for one or many
+-- subscriptions in ONE statement (delivery_pump.LeaseProbes coalesces a node's consumers'):
+-- each subscription, whether its position is behind the stream (something to pump), whether
+-- a PENDING delivery is due or a lease has expired, and how many are LEASED. When there is
+-- nothing to pump, hand out or reclaim, the hand-out ends here instead of locking the
+-- subscription row. keys: (namespace_id, id) pairs — a primary-key range of
+-- orbit_subscriptions; the subqueries are index-only ranges of ix_orbit_deliveries_due.
 SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_timeout_ms,
   s.max_deliveries, s.max_in_flight, s.revision, s.created_at, s.updated_at,
   COALESCE(e.last_seq, 0) AS last_seq,
@@ -185,4 +187,4 @@ SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_
      AND d.state = 'LEASED') AS in_flight
 FROM orbit_subscriptions s
 LEFT JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
-WHERE s.namespace_id = %(namespace_id)s AND s.id = %(subscription_id)s
+WHERE (s.namespace_id, s.id) IN %(keys)s

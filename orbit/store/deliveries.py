@@ -108,15 +108,26 @@ async def delivery_lease_probe(
 ) -> tuple[Any, LeaseProbe] | None:
     """The subscription row (a ``SubscriptionRow``) and a :class:`LeaseProbe`, or None when
     the subscription is gone. One statement, no locks."""
+    key = (namespace_id, subscription_id)
+    return (await delivery_lease_probe_many(tx, [key])).get(key)
+
+
+async def delivery_lease_probe_many(
+    tx: Tx, keys: Sequence[tuple[bytes, bytes]]
+) -> dict[tuple[bytes, bytes], tuple[Any, LeaseProbe]]:
+    """:func:`delivery_lease_probe` for many ``(namespace_id, subscription_id)`` in ONE
+    statement (no locks); gone subscriptions are absent from the result."""
     from orbit.store.subscriptions import SubscriptionRow
 
-    args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
-    row = await tx.fetchone(Q.delivery_lease_probe, args)
-    if row is None:
-        return None
-    probe = LeaseProbe(last_seq=int(row["last_seq"]), due=bool(row["due"]),
-                       expired=bool(row["expired"]), in_flight=int(row["in_flight"]))  # fmt: skip
-    return msgspec.convert(row, SubscriptionRow), probe
+    if not keys:
+        return {}
+    rows = await tx.fetchall(Q.delivery_lease_probe_many, {"keys": tuple(keys)})
+    out: dict[tuple[bytes, bytes], tuple[Any, LeaseProbe]] = {}
+    for row in rows:
+        probe = LeaseProbe(last_seq=int(row["last_seq"]), due=bool(row["due"]),
+                           expired=bool(row["expired"]), in_flight=int(row["in_flight"]))  # fmt: skip
+        out[(row["namespace_id"], row["id"])] = (msgspec.convert(row, SubscriptionRow), probe)
+    return out
 
 
 async def delivery_count_leased(tx: Tx, namespace_id: bytes, subscription_id: bytes) -> int:
