@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import bottlenecks
+
 #: Exactly the keys of issue 9 item 5 (values are numbers, or null when not measured; the
 #: reason is in ``raw``).
 RATIO_KEYS = (
@@ -103,6 +105,13 @@ def markdown(out: dict[str, Any]) -> str:
     ]
     for k in RATIO_KEYS:
         lines.append(f"| `{k}` | {_fmt(r.get(k))} | {TARGETS[k]} |")
+    missed = [k for k in RATIO_KEYS if (f := _target_fraction(k, r.get(k))) is not None and f < 1]
+    named = bottlenecks.lines(out, missed)
+    if named:
+        lines += ["", "## Targets not met: the bottleneck (with this run's figures)", ""]
+        for text in named:
+            lines += [text, ""]
+        lines.pop()
     lines += [
         "",
         "## Figures",
