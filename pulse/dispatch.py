@@ -22,9 +22,9 @@ same declared queues, the same keyed-task ability (``_group_key``) — one trans
 5. claim due tasks (``WAITING``, available, not past the deadline, keyed only for sessions
    that handle keys and only while the key is not held to its limit; never two tasks with
    the same key in one batch) with ``SELECT … FOR UPDATE SKIP LOCKED``, in ``dispatch_at``
-   then id order, at most ``min(free, batch × sessions)`` per queue (``free`` summed over
-   the group; the claimed tasks are then dealt out round-robin in claim order, each session
-   at most its own free slots): with one owner in play, one
+   then id order, at most ``min(free, batch × sessions, GROUP_MAX_CLAIM)`` per queue
+   (``free`` summed over the group; the claimed tasks are then dealt out round-robin in
+   claim order, each session at most its own free slots): with one owner in play, one
    queue-wide claim (as before fairness existed); with several, the capacity is split
    round-robin across the owners (starting from a rotating offset) with one claim per owner,
    and what an owner could not use goes to the others. A queue-wide claim may return a
@@ -32,8 +32,8 @@ same declared queues, the same keyed-task ability (``_group_key``) — one trans
    the transaction rolls back and runs again at once with that owner locked too (at most
    ``_MAX_RERUNS`` times; the last run leaves such tasks WAITING for the next round);
 6. update the claimed tasks by primary key with their revisions (WAITING → LEASED, each to
-   its session; one guarded multi-row UPDATE), insert the OFFERED attempts (generation = attempts + 1,
-   a short offer lease) with one INSERT;
+   its session; one guarded multi-row UPDATE), insert the OFFERED attempts (generation =
+   attempts + 1, a short offer lease) with one INSERT;
 7. add the reservations to the owners' application rows and the queues' usage rows (all
    locked in step 4; one round trip), write the raw events;
 8. commit — and only then push the offers to the worker (a transaction may be retried; a
@@ -95,6 +95,10 @@ _MIN_REPROBE_MS = 50
 #: Re-runs of a dispatch transaction whose queue-wide claim met owners it had not locked
 #: (each re-run locks them too); the last run leaves their tasks for the next round.
 _MAX_RERUNS = 2
+
+#: Most tasks one dispatch transaction claims from one queue for a group of sessions (keeps
+#: a large group's transaction, its lease UPDATE and its hold on the usage rows bounded).
+GROUP_MAX_CLAIM = 256
 
 #: An owner seen on a queue (by a probe or a claim) stays in the queue's lock set this long
 #: after it was last seen, so a queue whose owner's tasks come one at a time does not cost a
@@ -440,8 +444,10 @@ class Dispatcher:
         keys_ok = all(bool(s["concurrency_keys"]) for s in sessions.values())
         n = len(queues)
         first = self._rotation % n
-        # Each session takes at most `dispatch_batch` from one queue, as when served alone.
-        batch_size = self.settings.dispatch_batch * len(free)
+        # Each session takes at most `dispatch_batch` from one queue, as when served alone,
+        # and one transaction claims at most GROUP_MAX_CLAIM of a queue (a full claim asks
+        # for another round at once: a large group is served over several transactions).
+        batch_size = min(self.settings.dispatch_batch * len(free), GROUP_MAX_CLAIM)
         capacity = sum(free.values())
         candidates = [q for q in queues[first:] + queues[:first] if not _paused(gates, q.id)]
         if not candidates:

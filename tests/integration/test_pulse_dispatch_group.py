@@ -119,3 +119,26 @@ async def test_sessions_of_other_queues_or_key_ability_get_their_own_transaction
     assert keyed["id"] in got_b and keyed["id"] not in got_a  # only b takes keyed tasks
     assert got_a | got_b == {plain["id"], keyed["id"]}
     await check_invariants(db, t.namespace_id)
+
+
+async def test_a_large_group_is_served_over_several_transactions(
+    db, tenant, hub, monkeypatch
+) -> None:
+    from pulse import dispatch
+
+    monkeypatch.setattr(dispatch, "GROUP_MAX_CLAIM", 5)
+    t = await tenant()
+    for _ in range(12):
+        await t.submit()
+    conns = [
+        await connect(db, hub, (await open_session(db, t, max_concurrency=4))[0]) for _ in range(3)
+    ]
+    metrics = Registry()
+    d = Dispatcher(db, hub, metrics=metrics)
+    assert await d.run_once() == 5  # capped: one transaction, and more is due
+    assert d._more
+    assert await d.run_once() == 5
+    assert await d.run_once() == 2
+    assert _transactions(metrics) == 3
+    assert sorted(len(c.take_offers()) for c in conns) == [4, 4, 4]  # each its free slots
+    await check_invariants(db, t.namespace_id)
