@@ -504,6 +504,8 @@ class Dispatcher:
         # Deal the claimed tasks out round-robin (in their claim order: priority and
         # fairness kept) to the sessions with room, each at most its free slots.
         takers = [i for i in range(len(conns)) if i in free]
+        # Never more rows than free slots (each claim asked for at most what was left).
+        assert len(batch.rows) <= sum(free.values()), "claimed past the group's free slots"
         dealt: list[bytes] = []
         turn = 0
         for _ in batch.rows:
