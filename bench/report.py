@@ -176,7 +176,8 @@ def markdown(out: dict[str, Any]) -> str:
         row(
             f"| S4 at {int(level):,} backlog: delivered/s (completed/s) | "
             f"{_fmt(fig.get('tasks_per_s'))} ({_fmt(fig.get('completed_per_s'))}) | dispatch "
-            f"EXPLAIN: {_explain_note(fig.get('explain'))}; subscriber leg alone "
+            f"EXPLAIN: {_explain_note(fig.get('explain'))};{_settle_note(fig.get('settle'))} "
+            "subscriber leg alone "
             f"{_fmt(_get(fig, 'subscriber_leg', 'acked_per_s'))} acks/s | {la[0]} |"
         )
     for key, title in (("owners_1", "1 owner"), ("owners_100", "100 owners")):
@@ -229,6 +230,16 @@ def _rel(path: str) -> str:
     """``path`` relative to the repository (reports/…) when it is inside it."""
     marker = "/reports/"
     return path[path.index(marker) + 1 :] if marker in path else path
+
+
+def _settle_note(settle: Any) -> str:
+    """How long the S4 level waited for MariaDB to flush the inserted backlog."""
+    if not isinstance(settle, dict):
+        return ""
+    return (
+        f" settled {settle.get('waited_s', '—')} s after the insert (dirty pages "
+        f"{_fmt(settle.get('dirty_pages_before'))} → {_fmt(settle.get('dirty_pages_after'))});"
+    )
 
 
 def _explain_note(plan: Any) -> str:

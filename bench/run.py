@@ -33,6 +33,7 @@ from bench.scenarios import (
     s1,
     s2,
     s3,
+    settle,
 )
 from bench.subscriber_leg import subscriber_leg
 
@@ -160,11 +161,13 @@ async def _s4(server: Server, t: Tenant, db: ScratchDatabase) -> dict[str, Any]:
     out: dict[str, Any] = {"queue": queue, "levels": {}}
     for level in levels:
         took = await add_backlog(db, t, queue, level - have)
+        settled = await settle(db)  # the window measures the backlog, not its flush
         have = level
         cfg = S1Config(seconds=cfg_base.seconds, warmup=cfg_base.warmup, queue=queue,
                        max_outstanding=cfg_base.max_outstanding)  # fmt: skip
         fig = await s1(server, t, db, cfg)
         fig["backlog_insert_s"] = round(took, 1)
+        fig["settle"] = settled
         fig["explain"] = await explain_dispatch(db, t, queue)
         # The subscriber leg alone at this backlog: a burst of result events handed out and
         # acked through one WebSocket subscriber (bench/subscriber_leg.py).

@@ -553,6 +553,42 @@ async def s3(t: Tenant, seconds: float, clients: int = 16, batch_clients: int = 
 # -- S4 backlog ------------------------------------------------------------------------------
 
 
+async def settle(
+    db: ScratchDatabase, *, limit_s: float = 60.0, quiet_s: float = 5.0
+) -> dict[str, Any]:
+    """Wait until MariaDB has flushed what a bulk insert left dirty in its buffer pool: until
+    the dirty-page count stops falling (it fell by less than 2 % of the pool over the last
+    ``quiet_s``; an idle MariaDB keeps some dirty pages) or ``limit_s`` passed. S4 measures
+    the cost of a backlog in the table, not of the background flush of the rows inserted just
+    before the window (the 10k level has almost nothing to flush). Returns what it saw."""
+
+    def sample() -> tuple[int, int]:
+        conn = db.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SHOW GLOBAL STATUS WHERE Variable_name IN"
+                    " ('Innodb_buffer_pool_pages_dirty', 'Innodb_buffer_pool_pages_total')"
+                )
+                got = {name: int(value) for name, value in cur.fetchall()}
+        finally:
+            conn.close()
+        return got["Innodb_buffer_pool_pages_dirty"], got["Innodb_buffer_pool_pages_total"]
+
+    began = time.monotonic()
+    dirty, total = await asyncio.to_thread(sample)
+    seen = [dirty]
+    window = max(int(quiet_s), 1)
+    while time.monotonic() - began < limit_s:
+        await asyncio.sleep(1.0)
+        dirty, total = await asyncio.to_thread(sample)
+        seen.append(dirty)
+        if len(seen) > window and seen[-1 - window] - dirty < 0.02 * total:
+            break
+    return {"waited_s": round(time.monotonic() - began, 1), "dirty_pages_before": seen[0],
+            "dirty_pages_after": dirty, "pool_pages": total}  # fmt: skip
+
+
 async def add_backlog(db: ScratchDatabase, t: Tenant, queue: str, n: int) -> float:
     """Add ``n`` WAITING tasks to ``queue`` that are not due for a day (bulk multi-row
     INSERT … SELECT from a template task, 50k rows per statement); counters kept equal to the

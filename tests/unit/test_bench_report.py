@@ -43,6 +43,12 @@ def _out(**ratios: float) -> dict[str, Any]:
                         "mariadb_cpu_util": 0.68,
                         "explain": [{"rows": 1}],
                         "backlog_insert_s": 38.5,
+                        "settle": {
+                            "waited_s": 21.0,
+                            "dirty_pages_before": 6648,
+                            "dirty_pages_after": 901,
+                            "pool_pages": 8112,
+                        },
                     },
                 }
             },
@@ -64,6 +70,8 @@ def test_missed_targets_are_named_with_the_runs_figures() -> None:
     assert "21.0 s with 100 owners against 3.5 with one" in section
     assert "180.0/s at 1M waiting tasks against 250.0 at 10k" in section
     assert "(0.70 → 0.64 cores)" in section
+    assert "settled 21.0 s after the insert (dirty pages 6,648 → 901)" in md
+    assert "after the level waited 21.0 s for the insert's flush" in section
     assert "S2" not in section and "S3" not in section  # not measured: nothing claimed
 
 
