@@ -112,6 +112,21 @@ class ScratchDatabase:
     def connect(self) -> pymysql.connections.Connection:
         return pymysql.connect(autocommit=True, **self.dsn.connect_kwargs())
 
+    async def query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+        """The rows of one statement on a fresh autocommit connection, run in a thread (the
+        bench's own bookkeeping: never the server's pool)."""
+
+        def run() -> list[tuple[Any, ...]]:
+            conn = self.connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(sql, args)
+                    return list(cur.fetchall())
+            finally:
+                conn.close()
+
+        return await asyncio.to_thread(run)
+
 
 @dataclass
 class ProcSample:

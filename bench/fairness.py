@@ -95,23 +95,15 @@ async def make_owners(url: str, admin_key: str, n: int) -> list[Tenant]:
 
 
 async def _count_done(db: ScratchDatabase, namespaces: list[str], queue: str) -> int:
-    def q() -> int:
-        conn = db.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
-                    " ON q.namespace_id = n.id AND q.name = %s"
-                    " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
-                    " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id"
-                    " AND t.state = 'SUCCEEDED' WHERE n.name IN %s",
-                    (queue, list(namespaces)),
-                )
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
-    return await asyncio.to_thread(q)
+    ((n,),) = await db.query(
+        "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
+        " ON q.namespace_id = n.id AND q.name = %s"
+        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
+        " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id"
+        " AND t.state = 'SUCCEEDED' WHERE n.name IN %s",
+        (queue, list(namespaces)),
+    )
+    return int(n)
 
 
 def jain(values: list[int]) -> float | None:

@@ -220,19 +220,10 @@ async def _s6(
 
 
 async def _connected_sessions(db: ScratchDatabase) -> int:
-    def q() -> int:
-        conn = db.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT COUNT(*) FROM pulse_worker_sessions WHERE state = 'ACTIVE'"
-                    " AND node_id IS NOT NULL"
-                )
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
-    return await asyncio.to_thread(q)
+    ((n,),) = await db.query(
+        "SELECT COUNT(*) FROM pulse_worker_sessions WHERE state = 'ACTIVE' AND node_id IS NOT NULL"
+    )
+    return int(n)
 
 
 def main(argv: list[str] | None = None) -> int:

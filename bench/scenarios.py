@@ -136,26 +136,18 @@ class Results:
 
 
 async def count_state(db: ScratchDatabase, namespace: str, queue: str, state: str) -> int:
-    def q() -> int:
-        conn = db.connect()
-        try:
-            with conn.cursor() as cur:
-                # By queue id: a range of ix_pulse_tasks_dispatch (namespace, queue, state).
-                # (By queue_name it read every task of the namespace in that state, seconds
-                # a call with S4's backlog, and loaded the database during the window.)
-                cur.execute(
-                    "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
-                    " ON q.namespace_id = n.id AND q.name = %s"
-                    " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
-                    " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id AND t.state = %s"
-                    " WHERE n.name = %s",
-                    (queue, state, namespace),
-                )
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
-    return await asyncio.to_thread(q)
+    # By queue id: a range of ix_pulse_tasks_dispatch (namespace, queue, state). (By
+    # queue_name it read every task of the namespace in that state, seconds a call with S4's
+    # backlog, and loaded the database during the window.)
+    ((n,),) = await db.query(
+        "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
+        " ON q.namespace_id = n.id AND q.name = %s"
+        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
+        " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id AND t.state = %s"
+        " WHERE n.name = %s",
+        (queue, state, namespace),
+    )
+    return int(n)
 
 
 # -- S1 end to end ---------------------------------------------------------------------------
@@ -562,26 +554,24 @@ async def settle(
     the cost of a backlog in the table, not of the background flush of the rows inserted just
     before the window (the 10k level has almost nothing to flush). Returns what it saw."""
 
-    def sample() -> tuple[int, int]:
-        conn = db.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SHOW GLOBAL STATUS WHERE Variable_name IN"
-                    " ('Innodb_buffer_pool_pages_dirty', 'Innodb_buffer_pool_pages_total')"
-                )
-                got = {name: int(value) for name, value in cur.fetchall()}
-        finally:
-            conn.close()
-        return got["Innodb_buffer_pool_pages_dirty"], got["Innodb_buffer_pool_pages_total"]
+    async def sample() -> tuple[int, int]:
+        got = dict(
+            await db.query(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN"
+                " ('Innodb_buffer_pool_pages_dirty', 'Innodb_buffer_pool_pages_total')"
+            )
+        )
+        return int(got["Innodb_buffer_pool_pages_dirty"]), int(
+            got["Innodb_buffer_pool_pages_total"]
+        )
 
     began = time.monotonic()
-    dirty, total = await asyncio.to_thread(sample)
+    dirty, total = await sample()
     seen = [dirty]
     window = max(int(quiet_s), 1)
     while time.monotonic() - began < limit_s:
         await asyncio.sleep(1.0)
-        dirty, total = await asyncio.to_thread(sample)
+        dirty, total = await sample()
         seen.append(dirty)
         if len(seen) > window and seen[-1 - window] - dirty < 0.02 * total:
             break

@@ -25,39 +25,22 @@ from bench.scenarios import Results, Tenant, put_queue
 
 
 async def _ids(db: ScratchDatabase, t: Tenant, sub: str) -> tuple[bytes, bytes]:
-    def q() -> tuple[bytes, bytes]:
-        conn = db.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT s.namespace_id, s.id FROM orbit_subscriptions s JOIN orbit_namespaces n"
-                    " ON n.id = s.namespace_id WHERE n.name = %s AND s.name = %s"
-                    " AND n.application_id = UNHEX(%s)",
-                    (t.namespace, sub, t.application_id),
-                )
-                ns, sid = cur.fetchone()
-                return bytes(ns), bytes(sid)
-        finally:
-            conn.close()
-
-    return await asyncio.to_thread(q)
+    ((ns, sid),) = await db.query(
+        "SELECT s.namespace_id, s.id FROM orbit_subscriptions s JOIN orbit_namespaces n"
+        " ON n.id = s.namespace_id WHERE n.name = %s AND s.name = %s"
+        " AND n.application_id = UNHEX(%s)",
+        (t.namespace, sub, t.application_id),
+    )
+    return bytes(ns), bytes(sid)
 
 
 async def _acked(db: ScratchDatabase, ns: bytes, sid: bytes) -> int:
-    def q() -> int:
-        conn = db.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT COUNT(*) FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_state_seq)"
-                    " WHERE namespace_id = %s AND subscription_id = %s AND state = 'ACKED'",
-                    (ns, sid),
-                )
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
-    return await asyncio.to_thread(q)
+    ((n,),) = await db.query(
+        "SELECT COUNT(*) FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_state_seq)"
+        " WHERE namespace_id = %s AND subscription_id = %s AND state = 'ACKED'",
+        (ns, sid),
+    )
+    return int(n)
 
 
 async def subscriber_leg(
