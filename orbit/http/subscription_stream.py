@@ -51,7 +51,8 @@ from starlette.websockets import WebSocket, WebSocketState
 from orbit import deliveries, delivery_pump
 from orbit.deliveries import Leased, StaleProof, event_json
 from orbit.delivery_loop import DeliveryHub
-from orbit.errors import NotFound, OrbitError
+from orbit.errors import InvalidRequest, NotFound, OrbitError
+from orbit.http.body import check_depth
 from orbit.ids import id_hex, parse_id
 from orbit.storage import Database, StorageError
 from orbit.store.subscriptions import SubscriptionRow
@@ -163,6 +164,23 @@ def _until_tick(period_s: float) -> float:
     tenth of a period: a stream that just polled does not poll again at once)."""
     left = period_s - time.monotonic() % period_s
     return left if left >= period_s / 10 else left + period_s
+
+
+#: A client frame is an ack, a nack or a ping: a few hundred bytes. Anything far larger is
+#: refused before it is parsed.
+MAX_CLIENT_FRAME_BYTES = 64 * 1024
+
+
+def _decode_client_frame(raw: str | bytes) -> ClientFrame:
+    """Decode one client frame; size and nesting are checked first, in linear time."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    if len(data) > MAX_CLIENT_FRAME_BYTES:
+        raise InvalidRequest(f"frame larger than {MAX_CLIENT_FRAME_BYTES} bytes")
+    check_depth(data)
+    try:
+        return _DECODE_CLIENT.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidRequest(f"bad frame: {exc}") from None
 
 
 class StreamConnection:
@@ -280,9 +298,9 @@ class StreamConnection:
             if raw is None:
                 raw = message.get("bytes") or b""
             try:
-                frame = _DECODE_CLIENT.decode(raw)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                await self._send_error("invalid_request", f"bad frame: {exc}", None)
+                frame = _decode_client_frame(raw)
+            except InvalidRequest as exc:
+                await self._send_error("invalid_request", exc.message, None)
                 continue
             if isinstance(frame, AckFrame):
                 await self._acks.put(frame)  # settled by _ack_loop; waits when it is full

@@ -296,8 +296,9 @@ class _StreamReader:
         try:
             if len(raw) > self.ctx.settings.max_body_bytes:
                 raise PayloadTooLarge("frame larger than the request size limit")
-            ref = _msg_id(raw)
+            # Depth first (linear time), so nothing below parses a hostile nesting.
             check_depth(raw, self.ctx.settings.max_json_depth)
+            ref = _msg_id(raw)
             try:
                 frame = wire.WORKER_DECODER.decode(raw)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
