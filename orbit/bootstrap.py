@@ -40,7 +40,8 @@ class BootstrapResult:
     key: str
 
     def to_json(self) -> dict[str, str]:
-        """The API.md line: ``{"application_id", "namespace", "credential_id", "key"}``."""
+        """The contract's line: ``{"application_id", "namespace", "credential_id", "key"}``
+        (docs/api/conventions.md#command-line-fixed-names-and-flags)."""
         return {
             "application_id": id_hex(self.application_id),
             "namespace": self.namespace,

@@ -1,5 +1,5 @@
 """Deliveries: each delivery's lease, proof and attempt budget — the rules, and everything
-done under one delivery's row lock (SPEC.md §2 "Subscription / Delivery"). The pump and the
+done under one delivery's row lock (docs/api/subscriptions.md). The pump and the
 hand-out, done under the subscription's row lock, are in :mod:`orbit.delivery_pump`.
 
 State machine (drawn in docs/delivery-semantics.md)::

@@ -29,7 +29,7 @@ from orbit.storage.literals import insert_values
 from orbit.store import events as store
 from orbit.times import format_opt, format_time
 
-#: Task state → result event type (API.md "Result events").
+#: Task state → result event type (docs/api/admin.md#result-events).
 RESULT_EVENT_TYPES: dict[str, str] = {
     "SUCCEEDED": "task.succeeded",
     "FAILED": "task.failed",
@@ -51,7 +51,7 @@ class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ResultSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """The frozen task snapshot a result event stores (API.md "Result events").
+    """The frozen task snapshot a result event stores (docs/api/admin.md#result-events).
 
     ``result`` and ``error`` are each None, pre-encoded JSON *text* (``str``, ``bytes`` or
     ``msgspec.Raw``, stored and returned byte for byte), or any other JSON-encodable object

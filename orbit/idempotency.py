@@ -14,8 +14,8 @@ row is locked, so a waiting duplicate holds nothing another transaction needs)::
         await idempotency.store_response(tx, ns_id, "tasks.submit", scope, key, 201, body)
         return ...
 
-Semantics (SPEC.md §2): same key + same digest → the stored response; same key + different
-digest → :class:`~orbit.errors.IdempotencyMismatch` (422).
+Semantics (docs/api/admin.md#idempotency): same key + same digest → the stored response;
+same key + different digest → :class:`~orbit.errors.IdempotencyMismatch` (422).
 
 **Concurrent requests with the same key: the loser waits and replays.** The first request's
 INSERT holds the unique-index record until its transaction ends; a second request's INSERT
@@ -44,7 +44,7 @@ from orbit.ids import digest, new_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store import idempotency as store
 
-#: Default retention window of a key, in seconds (SPEC.md: 24 h).
+#: Default retention window of a key, in seconds (docs/api/conventions.md#idempotency: 24 h).
 DEFAULT_RETENTION_S = 24 * 3600
 #: Name of the unique index that makes a key unique.
 KEY_INDEX = "uq_orbit_idempotency_keys_key"

@@ -1,5 +1,5 @@
-"""List paging (API.md "Lists"): ``?limit=`` (default 50, max 500) and opaque cursors bound to
-their filters.
+"""List paging (docs/api/conventions.md#lists): ``?limit=`` (default 50, max 500) and opaque
+cursors bound to their filters.
 
 A cursor is base64url of ``{"p": <position>, "f": <filters fingerprint>}``: reusing it with
 other filters, or sending a damaged one, answers 400 ``invalid_request`` (field ``cursor``).

@@ -1,4 +1,5 @@
-"""Conditional requests on mutable configuration: ``If-Match`` / ``If-None-Match`` (API.md).
+"""Conditional requests on mutable configuration: ``If-Match`` / ``If-None-Match``
+(docs/api/conventions.md#revisions-and-conditional-requests).
 
 A resource's ETag is its revision in quotes: ``"3"``. ``If-Match`` compares strongly: a weak
 tag (``W/"3"``) never matches. Services evaluate :class:`Preconditions` inside their

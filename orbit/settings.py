@@ -12,11 +12,13 @@ MiB = 1024 * 1024
 class Settings:
     """Tunables of the platform. Every field has an ``ORBIT_<NAME>`` environment override."""
 
-    #: Largest accepted request body in bytes (API.md: default 1 MiB); larger → 413.
+    #: Largest accepted request body in bytes (default 1 MiB, docs/api/conventions.md#limits);
+    #: larger → 413.
     max_body_bytes: int = MiB
     #: Deepest accepted JSON request body (the body object is level 1); deeper → 400.
     max_json_depth: int = 32
-    #: How long an Idempotency-Key is remembered (SPEC.md: default 24 h).
+    #: How long an Idempotency-Key is remembered (default 24 h,
+    #: docs/api/conventions.md#idempotency).
     idempotency_retention_s: int = 24 * 3600
     #: Rows deleted per idempotency cleanup round, and seconds between rounds.
     idempotency_cleanup_batch: int = 1000

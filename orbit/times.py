@@ -23,7 +23,7 @@ def parse_time(text: str) -> datetime:
     """Parse RFC 3339 with an offset (``Z`` or ``±hh:mm``) into a naive UTC datetime.
 
     Raises ValueError for text without an offset or not in RFC 3339 form. More than six
-    fractional digits are rejected rather than rounded (MYSQL-NOTES.md: MariaDB truncates,
+    fractional digits are rejected rather than rounded (docs/mysql-notes.md: MariaDB truncates,
     MySQL rounds).
     """
     raw = text.strip()

@@ -15,12 +15,12 @@ from orbit.errors import InvalidRequest
 #: operations in ``orbit_idempotency_keys`` and ``orbit_audit_events``).
 ZERO_ID = bytes(16)
 
-#: API.md "Names": 1–63 letters, digits, ``_``, ``-``, ``.``; case-sensitive.
+#: Names (docs/api/conventions.md#names): 1–63 letters, digits, ``_``, ``-``, ``.``; case-sensitive.
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,63}")
 
 
 class Action(StrEnum):
-    """Permissions a credential can hold (API.md "Actions")."""
+    """Permissions a credential can hold (docs/api/conventions.md#actions)."""
 
     ADMIN = "admin"  # administer the credential's own application (namespaces, keys, quotas)
     TASKS_SUBMIT = "tasks.submit"  # submit tasks
@@ -45,7 +45,7 @@ ALL_NAMESPACES = "*"
 
 
 def is_name(value: str) -> bool:
-    """True when ``value`` follows API.md's names rule."""
+    """True when ``value`` follows the names rule (docs/api/conventions.md#names)."""
     return NAME_RE.fullmatch(value) is not None
 
 

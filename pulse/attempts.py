@@ -423,7 +423,7 @@ async def _authorise_resources(
     *,
     budget: permits.StartBudget,
 ) -> permits.Decision:
-    """Resource checks of the start transaction (issue 5), after every other check passed:
+    """Resource checks of the start transaction, after every other check passed:
     application quota, start-rate windows, queue permits and the concurrency key, judged by
     ``budget`` (:mod:`pulse.permits`), which counts the grants made earlier in the same
     batch (the usage rows are only updated, with the summed deltas, at the end). Returns the
@@ -907,8 +907,9 @@ async def report_many(
     :mod:`pulse.batcher`); per item, in order, its receipt or the exception :func:`report`
     would raise (a stale token fails only its own item).
 
-    Lock order (SPEC §1.5): the owners' application rows and the queues' usage rows once
-    per batch (sorted), then the tasks, then the attempts (each in id order). Each item keeps all of :func:`report`'s checks (token,
+    Lock order (docs/invariants.md#5-compare-and-swap): the owners' application rows and the
+    queues' usage rows once per batch (sorted), then the tasks, then the attempts (each in id
+    order). Each item keeps all of :func:`report`'s checks (token,
     receipt replay, lease, current generation); the applied ones are written with one round
     trip of guarded per-row UPDATEs, one of receipts, usage counters once per (queue, owner)
     with the summed deltas, and their raw and result events with one INSERT each and ONE
@@ -932,8 +933,8 @@ async def report_many(
         peeks = await store.attempt_peek_many(tx, namespace_id, [r.attempt_id for r in reports])
         if not peeks:
             return [AttemptNotFound() for _ in reports], []
-        # The lock order (SPEC §1.5): the owners' application rows and the queues' usage
-        # rows first (sorted; their ids were peeked without locks and never change), then
+        # The lock order (docs/invariants.md#5-compare-and-swap): the owners' application rows
+        # and the queues' usage rows first (sorted; their ids were peeked without locks and never change), then
         # the tasks, then the attempts. The counters are updated at the end with the summed
         # deltas, on rows this transaction already holds.
         # ONE round trip (Tx.pipeline: the same statements in the same order). The receipts

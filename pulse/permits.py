@@ -1,7 +1,7 @@
 """Start-time permits: queue and application limits, start-rate windows and keyed
 concurrency with fencing tokens, judged inside the start transaction and released with the
-attempt's end in the same transaction (SPEC §3 "Two-step dispatch", "ConcurrencyLimit /
-Permit"; docs/api/queues.md "Limits").
+attempt's end in the same transaction (docs/api/workers.md#two-step-dispatch,
+docs/api/queues.md#limits).
 
 A start batch (:func:`pulse.attempts.start_many`) opens one :class:`StartBudget` after it has
 locked, in the lock order, *application resources → queue usage → task → attempt*; the

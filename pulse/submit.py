@@ -1,6 +1,6 @@
 """Task submission: single and batch, one transaction per request.
 
-Rules (API.md "Tasks", SPEC.md §1–3):
+Rules (docs/api/tasks.md#submit; docs/invariants.md, rules 1–3):
 
 * The owner is the submitting credential's application; identity
   ``(owner, kind, pipeline_version, dedup_key)`` is unique per namespace when ``dedup_key``
@@ -54,7 +54,7 @@ from pulse.types import TaskSubmit
 
 #: Retry-After (seconds) of a quota refusal.
 QUOTA_RETRY_AFTER_S = 1
-#: Largest batch (API.md).
+#: Largest batch (docs/api/conventions.md#limits).
 MAX_BATCH = 1000
 #: From this many rows on, the task and raw-event INSERTs carry SQL literals
 #: (orbit/storage/literals.py) instead of driver-escaped parameters: a single task (submit_one,

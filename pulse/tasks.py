@@ -279,7 +279,7 @@ async def cancel_task(
     request_id: str | None = None,
     now: datetime | None = None,
 ) -> CancelOutcome:
-    """Cancel one task (API.md "Cancel").
+    """Cancel one task (docs/api/tasks.md#cancel).
 
     WAITING or LEASED → CANCELLED at once (200; a LEASED task's offered attempt becomes
     RELEASED, so the worker's later ``start`` is denied). RUNNING → ``cancel_requested``

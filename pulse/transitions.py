@@ -150,7 +150,8 @@ def currently_stuck(row: Mapping[str, Any]) -> bool:
 
 
 def result_snapshot(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The frozen snapshot fields of a result event (API.md "Result events"), in API form."""
+    """The frozen snapshot fields of a result event, in API form
+    (docs/api/admin.md#result-events)."""
     return {
         "task_id": id_hex(row["id"]),
         "queue": row["queue_name"],

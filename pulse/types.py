@@ -22,7 +22,7 @@ BigLimit = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 
 
 class TaskState(StrEnum):
-    """States of a task (API.md "Task states")."""
+    """States of a task (docs/api/tasks.md#states)."""
 
     WAITING = "WAITING"  # submitted, not offered yet (or back after a release/retry)
     LEASED = "LEASED"  # offered to a worker session, not started

@@ -1,5 +1,6 @@
 """Shardability guard: every statement on a runtime table must carry a ``namespace_id``
-predicate (SPEC.md §1.9, §6: a fleet that outgrows one MySQL shards by namespace).
+predicate (docs/invariants.md#9-tenant-isolation; docs/deployment.md: a fleet that outgrows
+one MySQL shards by namespace).
 
 Loaded as a pytest plugin from ``tests/conftest.py`` (``pytest_plugins``). At start it turns
 on ``orbit.storage.db.STATEMENT_LOG`` (deduplicated, so memory stays small); at the end of the

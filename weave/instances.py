@@ -1,4 +1,4 @@
-"""Workflow instances: start, read, history, pause, resume, cancel (API.md "Workflows").
+"""Workflow instances: start, read, history, pause, resume, cancel (docs/api/workflows.md).
 
 Rules:
 

@@ -1,5 +1,5 @@
 """``orbit queues ...``: put, set, get, list, pause, resume, and the namespace gate
-(``pause-namespace``, ``resume-namespace``, ``gate``). Routes: API.md "Queues and gates";
+(``pause-namespace``, ``resume-namespace``, ``gate``). Routes:
 docs/api/queues.md; action ``queues.manage``.
 
 ``put`` sends the whole configuration (an option left out takes its default, exactly like

@@ -1,5 +1,5 @@
 """``orbit schedules ...``: put (publish a new immutable version), get, list, occurrences,
-pause, resume. Routes: API.md "Schedules"; docs/api/schedules.md. ``put`` needs
+pause, resume. Routes: docs/api/schedules.md. ``put`` needs
 ``schedules.manage``; reads accept ``tasks.read`` too.
 """
 

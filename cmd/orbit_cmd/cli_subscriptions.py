@@ -1,5 +1,5 @@
 """``orbit subscriptions ...``: put, get (config + backlog), pull, ack, nack, deliveries
-(history), budget. Routes: API.md "Subscriptions"; docs/api/subscriptions.md.
+(history), budget. Routes: docs/api/subscriptions.md.
 
 ``put`` changes only what is given (omitted limits keep their value; ``--start`` applies on
 create only). ``pull`` leases deliveries over HTTP and prints them with their one-time

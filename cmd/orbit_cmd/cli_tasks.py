@@ -1,5 +1,5 @@
 """``orbit tasks ...``: submit (one, or a JSON-lines file in batches), get, list, cancel,
-cancel-all, resolve, attempts, tail. Routes: API.md "Tasks"; docs/cli.md.
+cancel-all, resolve, attempts, tail. Routes: docs/api/tasks.md; docs/cli.md.
 
 Payloads and results are sent byte for byte as given (``--payload '{"amount": 1.50}'``
 keeps ``1.50``), and ``--json`` prints the server's answer byte for byte.
@@ -44,7 +44,8 @@ STUCK_COLUMNS = ["id", "queue", "kind", "state", "attempts", "stuck_at", "stuck_
 ATTEMPT_COLUMNS = [
     "generation", "id", "state", "session_id", "started_at", "finished_at", "error", "evidence",
 ]  # fmt: skip
-#: The server's batch limit (API.md) and a body size safely under its default 1 MiB limit.
+#: The server's batch limit (docs/api/conventions.md#limits) and a body size safely under its
+#: default 1 MiB limit.
 MAX_BATCH = 1000
 MAX_BATCH_BYTES = 1_000_000
 

@@ -1,6 +1,6 @@
 """``orbit workflows | instances | signals ...``: publish a workflow version from a file,
 read workflows and versions; start, read, list, page through the history of, pause, resume
-and cancel instances; send signals. Routes: API.md "Workflows"; docs/api/workflows.md.
+and cancel instances; send signals. Routes: docs/api/workflows.md.
 
 Definitions, inputs and signal payloads are sent byte for byte as written in their files.
 """

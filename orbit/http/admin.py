@@ -1,4 +1,4 @@
-"""Administration routes (API.md "Administration") plus the additive read routes the CLI uses.
+"""Administration routes (docs/api/admin.md) plus the additive read routes the CLI uses.
 
 Every route authenticates first (401), then authorises (403 audited / 404 for another
 tenant), then decodes the body (400/413), then calls one service function.

@@ -31,7 +31,7 @@ DEFAULT_MAX_DEPTH = 32
 # A JSON string, or what is left of an unterminated one. The loop is possessive and the end
 # always matches (closing quote, end of input, or a lone trailing backslash), so every match
 # attempt that starts at a quote succeeds and consumes: one left-to-right pass, never a
-# re-scan from the next quote (the unterminated ``"\\"\\"…`` case was quadratic).
+# re-scan from the next quote (which would make the unterminated ``"\\"\\"…`` case quadratic).
 _STRING = re.compile(rb'"(?>[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _BRACKETS = bytes(range(256)).translate(None, b"[]{}")
 _STEP = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")

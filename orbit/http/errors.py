@@ -51,7 +51,7 @@ class ErrorInfo(msgspec.Struct, frozen=True):
 
 
 class ErrorBody(msgspec.Struct, frozen=True):
-    """``{"error": {"code", "message", "details"}}`` (API.md)."""
+    """``{"error": {"code", "message", "details"}}`` (docs/api/conventions.md#errors)."""
 
     error: ErrorInfo
 

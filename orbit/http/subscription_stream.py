@@ -1,7 +1,7 @@
 """The subscription WebSocket: push deliveries with flow control, take acks and nacks.
 
-``GET /v1/namespaces/{ns}/subscriptions/{name}/stream`` (API.md). JSON text frames, each with
-a ``type``:
+``GET /v1/namespaces/{ns}/subscriptions/{name}/stream`` (docs/api/subscriptions.md). JSON text
+frames, each with a ``type``:
 
 | direction | type | fields |
 | --- | --- | --- |

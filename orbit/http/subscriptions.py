@@ -1,4 +1,4 @@
-"""Subscription and delivery routes (API.md "Subscriptions"; docs/api/subscriptions.md).
+"""Subscription and delivery routes (docs/api/subscriptions.md).
 
 Mount with ``Starlette(routes=[..., *subscriptions.ROUTES])`` (or ``routes()``), and start
 :class:`orbit.delivery_loop.DeliveryLoop` as a background task. Handlers decode, authorise

@@ -74,7 +74,8 @@ class OutOfOrder(MigrateError):
 
 
 class ForeignKeysPresent(MigrateError):
-    """The database holds foreign keys; Orbit forbids them (SPEC principle 4)."""
+    """The database holds foreign keys; Orbit forbids them
+    (docs/invariants.md#4-no-foreign-keys)."""
 
     def __init__(self, constraints: list[ForeignKey], after: str | None = None) -> None:
         listed = ", ".join(f"{c.table}.{c.name} -> {c.referenced_table}" for c in constraints)

@@ -131,7 +131,8 @@ class MigrationStatus(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """Exactly the API.md shape: current, applied, pending, dirty, foreign_keys."""
+        """Exactly the contract's shape: current, applied, pending, dirty, foreign_keys
+        (docs/api/conventions.md#command-line-fixed-names-and-flags)."""
         return {
             "current": self.current,
             "applied": list(self.applied),

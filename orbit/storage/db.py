@@ -3,7 +3,7 @@
 The pool comes from the driver named by ``ORBIT_DB_DRIVER`` (``aiomysql`` by default,
 ``asyncmy`` optional: :mod:`orbit.storage.drivers`); nothing else here depends on the driver.
 
-Every connection runs with ``time_zone = '+00:00'`` and READ COMMITTED (MYSQL-NOTES.md:
+Every connection runs with ``time_zone = '+00:00'`` and READ COMMITTED (docs/mysql-notes.md:
 REPEATABLE READ's gap locks block producers and deadlock idle pollers). The pool refuses to
 serve a connection whose session settings are not what the code assumes.
 

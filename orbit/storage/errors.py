@@ -1,4 +1,4 @@
-"""Storage errors and the MySQL error-code classifier (see MYSQL-NOTES.md, "Errors and retries").
+"""Storage errors and the MySQL error-code classifier (docs/mysql-notes.md#errors-and-retries).
 
 StorageError
  ├── CasConflict          a guarded UPDATE changed no row (revision/state moved on)

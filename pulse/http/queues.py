@@ -1,4 +1,4 @@
-"""Queue and gate routes (API.md "Queues and gates"), action ``queues.manage``.
+"""Queue and gate routes (docs/api/queues.md), action ``queues.manage``.
 
 | method | path | answer |
 | --- | --- | --- |

@@ -1,4 +1,4 @@
-"""Schedule routes (API.md "Schedules"; docs/api/schedules.md).
+"""Schedule routes (docs/api/schedules.md).
 
 | method | path | action | answer |
 | --- | --- | --- | --- |

@@ -1,4 +1,4 @@
-"""Task routes (API.md "Tasks"): submit (single and batch), read, list, attempts, cancel
+"""Task routes (docs/api/tasks.md): submit (single and batch), read, list, attempts, cancel
 (single and bulk), resolve.
 
 | method | path | action | answer |

@@ -1,4 +1,4 @@
--- Start-time permits (issue 5): the limits a start is judged by, the per-key concurrency
+-- Start-time permits: the limits a start is judged by, the per-key concurrency
 -- limits (pulse_concurrency_limits) with their fencing revision, and the key permits held by
 -- running attempts (pulse_permits).
 --

@@ -1,6 +1,6 @@
 """Fair dispatch with three real ``orbit-server`` processes on one database and real SDK
-worker processes (issue 5 "Done when"): owner A floods a queue with 10,000 tasks that all
-became due an hour before owner B's; B's tasks still complete while A's flood is mostly
+worker processes (docs/dispatch.md#fairness-across-owners-queues-and-sessions): owner A
+floods a queue with 10,000 tasks that all became due an hour before owner B's; B's tasks still complete while A's flood is mostly
 waiting. In plain dispatch order B could only finish after all 10,000 of A's — so "A still
 has most of its flood waiting when B is done" holds only because dispatch is fair, whatever
 the machine's speed."""

@@ -1,7 +1,7 @@
 """The SDK worker keeping (or losing) its lease, against the real server: uvicorn with the
 Pulse routes and loops in the test's event loop, the SDK ``Worker`` talking to it through a
 small TCP proxy the test controls (pass, hold every byte, or drop/cut at a ``started``
-frame). docs/sdk.md "Leases and heartbeats", issue 10 item 6.
+frame). docs/sdk.md "Leases and heartbeats".
 
 * a healthy long task (several leases long) keeps its lease through heartbeats;
 * a worker that cannot heartbeat (the network holds its bytes) cancels its handler itself

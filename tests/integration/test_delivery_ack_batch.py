@@ -1,4 +1,4 @@
-"""The subscriber leg at scale (issue 9, S4): group-committed acks judge every item alone,
+"""The subscriber leg at scale (the bench's S4 shape): group-committed acks judge every item alone,
 and the per-hand-out queries read one subscription's index range — never every delivery of
 the namespace (whose ACKED history only grows). Real MariaDB, EXPLAIN on the real queries."""
 

@@ -1,5 +1,5 @@
-"""The lock order (SPEC.md §1.5: application resources → queue → task/attempt → permit) in
-EVERY transaction that changes a usage counter.
+"""The lock order (docs/invariants.md#5-compare-and-swap: application resources → queue →
+task/attempt → permit) in EVERY transaction that changes a usage counter.
 
 ``test_every_transaction_locks_usage_rows_first`` records the statements each transaction
 sends (``Tx.execute`` / ``executemany`` / ``execute_batch`` wrapped, one list per run of a

@@ -1,4 +1,4 @@
-"""Fair dispatch (SPEC §3 "Priority and fairness", docs/dispatch.md): within a queue the
+"""Fair dispatch (docs/dispatch.md#fairness-across-owners-queues-and-sessions): within a queue the
 dispatcher shares a session's capacity round-robin across the owners with due tasks, so one
 owner's flood cannot starve another; with one owner it costs one claim query as before."""
 

@@ -1,4 +1,4 @@
-"""Priority (SPEC §3 "Priority and fairness"): ``dispatch_at = available_at - priority × 30 s``.
+"""Priority (docs/dispatch.md#priority): ``dispatch_at = available_at - priority × 30 s``.
 A priority-9 task that is due goes before a priority-0 task that became due up to 270 s
 earlier, and never before it is actually due — on the queue-wide claim (one owner in play)
 and on the per-owner claims of fair dispatch (several owners)."""

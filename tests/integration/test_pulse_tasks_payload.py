@@ -1,5 +1,5 @@
-"""Payloads are stored and returned byte for byte (SPEC.md §1.10): a Hypothesis property over
-JSON texts with odd number spellings, escapes, raw unicode and whitespace, through submit
+"""Payloads are stored and returned byte for byte
+(docs/invariants.md#10-business-json-keeps-its-numbers): a Hypothesis property over JSON texts with odd number spellings, escapes, raw unicode and whitespace, through submit
 (single and batch), the stored column, and reads."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from orbit.storage import DSN
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Error codes the API may answer with (API.md "Conventions" + docs/api/*).
+#: Error codes the API may answer with (docs/api/conventions.md#errors + docs/api/*).
 ERROR_BODY_KEYS = {"code", "message", "details"}
 _SNAKE = re.compile(r"[a-z][a-z0-9_]*")
 

@@ -1,8 +1,9 @@
 """The app server's clock skewed ±1 h from the database's does not change lease decisions.
 
 ``orbit-server`` runs under libfaketime (``FAKETIME=+1h`` / ``-1h``; ``+0`` is the
-control, run with ``ORBIT_RELIABILITY_FULL=1``). Expected behaviour (SPEC §7: leases, expiry and start authorisation compare
-against ``UTC_TIMESTAMP(6)``), identical for every offset:
+control, run with ``ORBIT_RELIABILITY_FULL=1``). Expected behaviour
+(docs/invariants.md#7-database-time: leases, expiry and start authorisation compare against
+``UTC_TIMESTAMP(6)``), identical for every offset:
 
 * a worker session (30 s lease) opened on the skewed server is alive, and a credential
   that expires in 10 minutes by the database clock is accepted;

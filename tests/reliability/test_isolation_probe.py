@@ -9,7 +9,7 @@ holding every action and ``admin`` on its own application, calls every operation
 * ``cross``: A's own namespace with B's ids and names (an id of another namespace);
 * ``absent``: A's own namespace with random ids and fresh names.
 
-Expected behaviour (SPEC §9, API.md): ``foreign`` answers exactly like
+Expected behaviour (docs/invariants.md#9-tenant-isolation): ``foreign`` answers exactly like
 ``foreign_ns_absent`` and ``cross`` exactly like ``absent`` — same status, same body (after
 replacing the requested values themselves) — so nothing reveals that B's objects exist; no
 answer to A ever contains one of B's ids; and afterwards none of B's objects changed.

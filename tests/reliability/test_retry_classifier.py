@@ -1,4 +1,4 @@
-"""The retry classifier of ``Database.transaction`` against MYSQL-NOTES.md "Errors and retries".
+"""The retry classifier of ``Database.transaction`` against docs/mysql-notes.md#errors-and-retries.
 
 Faults are real where the database can be made to produce them (a duplicate submit race,
 a CHECK violation, the immutability trigger, a statement time limit) and injected

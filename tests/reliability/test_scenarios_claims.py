@@ -211,7 +211,7 @@ async def test_empty_queue_pollers_racing_producers_cause_no_lock_errors(
     dsn: DSN, db: Database, tenant: Any
 ) -> None:
     """Four dispatchers (separate pools, as separate nodes) poll an empty queue in a tight
-    loop while four producers submit tasks one by one into it. Expected (MYSQL-NOTES.md,
+    loop while four producers submit tasks one by one into it. Expected (docs/mysql-notes.md,
     READ COMMITTED + SKIP LOCKED): no 1205 and no 1213 anywhere — ``db.stats.retries`` of
     every pool stays empty — every task is offered exactly once, and the invariants hold."""
     t = await tenant()

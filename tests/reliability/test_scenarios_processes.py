@@ -82,8 +82,7 @@ def test_poison_task_ends_failed_after_its_attempts_while_others_flow(
     by a supervisor whenever they die. Expected (docs/retries.md "Recovery"): each killed
     attempt is LOST when its lease passes; the ``retry_safe`` poison is retried until its
     3 attempts are used and then ends FAILED ``attempts_exhausted`` with ``effect_uncertain``
-    false (issue 10 item 6: a retry-safe task's effect is idempotent, so nothing is
-    uncertain); the other poison (not retry-safe) goes to NEEDS_REVIEW with
+    false (a retry-safe task's effect is idempotent, so nothing is uncertain); the other poison (not retry-safe) goes to NEEDS_REVIEW with
     ``effect_uncertain`` after its first attempt; every ordinary task
     SUCCEEDS meanwhile; no task is left unfinished."""
     t = cli_tenant(dsn)

@@ -1,6 +1,7 @@
 """Secrets never leak, and the least-privilege runtime account is enough (and no more).
 
-Expected behaviour (SPEC §8, §9; docs/security.md):
+Expected behaviour (docs/invariants.md#8-ids-and-secrets and #9-tenant-isolation;
+docs/security.md):
 
 * a run that uses every kind of secret — API keys (bootstrap and created, one revoked), a
   worker session token, execution tokens (right and wrong), delivery proofs (acked, nacked,

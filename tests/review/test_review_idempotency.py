@@ -1,5 +1,6 @@
 """Review: an Idempotency-Key digest must tell apart bodies whose numbers differ only beyond
-double precision (business JSON is stored byte for byte, SPEC.md §1.10)."""
+double precision (business JSON is stored byte for byte,
+docs/invariants.md#10-business-json-keeps-its-numbers)."""
 
 from __future__ import annotations
 

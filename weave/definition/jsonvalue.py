@@ -1,8 +1,8 @@
 """JSON values as the definition language sees them, with exact numbers.
 
-Business JSON keeps its numbers (SPEC.md §1.10): non-integral numbers decode to ``Decimal``
-and encode back with the same digits, so a value copied from an instance input into a task
-payload is not re-rounded through ``float``.
+Business JSON keeps its numbers (docs/invariants.md#10-business-json-keeps-its-numbers):
+non-integral numbers decode to ``Decimal`` and encode back with the same digits, so a value
+copied from an instance input into a task payload is not re-rounded through ``float``.
 """
 
 from __future__ import annotations

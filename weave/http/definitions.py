@@ -1,4 +1,4 @@
-"""Workflow definition routes (API.md "Workflows": versions), action ``workflows.manage``.
+"""Workflow definition routes (docs/api/workflows.md: versions), action ``workflows.manage``.
 
 | method | path |
 | --- | --- |

@@ -1,4 +1,4 @@
-"""Workflow instance routes (API.md "Workflows": instances, signals, control).
+"""Workflow instance routes (docs/api/workflows.md: instances, signals, control).
 
 | method | path | action |
 | --- | --- | --- |

@@ -142,7 +142,7 @@ class Services:
 
 
 class Api:
-    """The workflow calls this example needs, over plain HTTP (API.md "Workflows")."""
+    """The workflow calls this example needs, over plain HTTP (docs/api/workflows.md)."""
 
     def __init__(self, http: httpx.AsyncClient, namespace: str) -> None:
         self.http = http
