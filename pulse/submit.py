@@ -221,6 +221,7 @@ async def submit_in_tx(
     *,
     source_kind: str = "api",
     source_id: bytes | None = None,
+    source_ids: Sequence[bytes | None] | None = None,
     allowed_queues: frozenset[str] | None = None,
     request_id: str | None = None,
     request_ids: Sequence[str | None] | None = None,
@@ -233,7 +234,8 @@ async def submit_in_tx(
     refusals are counted in ``pulse_queue_usage.denials_quota`` here too. With
     ``allowed_queues`` (a key limited to some queues) an item for another queue is the same
     404 as an unknown queue. ``request_ids`` (one per item) replaces ``request_id`` on the
-    items' raw events (grouped single submits, :func:`submit_singles`).
+    items' raw events (grouped single submits, :func:`submit_singles`); ``source_ids`` (one
+    per item) likewise replaces ``source_id`` (a schedule backfill: one occurrence each).
     """
     results: list[ItemResult | None] = [None] * len(items)
     prepared: list[_Prepared] = []
@@ -320,9 +322,12 @@ async def submit_in_tx(
         admitted.append(p)
 
     rows = [
-        _row(namespace_id, owner_id, queues[p.body.queue], p, stamp, source_kind, source_id)
+        _row(
+            namespace_id, owner_id, queues[p.body.queue], p, stamp, source_kind,
+            source_id if source_ids is None else source_ids[p.index],
+        )
         for p in admitted
-    ]
+    ]  # fmt: skip
     inserted = await _insert(tx, namespace_id, owner_id, admitted, rows, results)
 
     # The rows as stored, without reading them back (a 1000-row read of every column cost
