@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from orbit import delivery_pump
+from orbit import delivery_gauges, delivery_pump
 from orbit.delivery_pump import PUMP_BATCH
 from orbit.errors import Conflict
 from orbit.metrics import Registry
@@ -39,9 +39,6 @@ from orbit.store import subscriptions as sub_store
 log = logging.getLogger("orbit.delivery_loop")
 
 HUB_KEY = "orbit.deliveries.hub"
-#: At most this many subscriptions are counted per /metrics scrape.
-METRICS_MAX_SUBSCRIPTIONS = 1000
-
 
 class DeliveryHub:
     """Wakes this process's consumers of a subscription when something may be due for them
@@ -99,34 +96,10 @@ def deliveries_hub(ctx: object) -> DeliveryHub:
 
 
 def install_metrics(registry: Registry, db: Database) -> None:
-    """Register ``orbit_deliveries{state}`` (PENDING, LEASED, EXHAUSTED summed over the
-    first METRICS_MAX_SUBSCRIPTIONS subscriptions), refreshed at scrape time. Once per
+    """Register ``orbit_deliveries{state}`` (PENDING, LEASED, EXHAUSTED), refreshed in the
+    background with bounded work, never at scrape time (orbit/delivery_gauges.py). Once per
     registry."""
-    if getattr(registry, "_orbit_deliveries_installed", False):
-        return
-    registry._orbit_deliveries_installed = True  # type: ignore[attr-defined]
-    gauge = registry.gauge(
-        "orbit_deliveries", "Deliveries not yet acked, by state (all subscriptions)", ("state",)
-    )
-
-    async def collect() -> None:
-        async def run(tx: Tx) -> dict[str, int]:
-            totals = {"PENDING": 0, "LEASED": 0, "EXHAUSTED": 0}
-            for k in await sub_store.subscription_list_page(tx, None, METRICS_MAX_SUBSCRIPTIONS):
-                counts = await delivery_store.delivery_count_open_by_state(tx, k.namespace_id, k.id)
-                for state, n in counts.items():
-                    totals[state] = totals.get(state, 0) + n
-            return totals
-
-        try:
-            totals = await db.read(run)
-        except Exception:
-            log.warning("could not count deliveries for /metrics", exc_info=True)
-            return
-        for state, n in totals.items():
-            gauge.set(n, state=state)
-
-    registry.add_collector(collect)
+    delivery_gauges.install(registry, db)
 
 
 def _install_probe_metrics(registry: Registry, hub: DeliveryHub) -> None:

@@ -2,8 +2,19 @@
 
 One :class:`Registry` lives on ``AppContext.metrics``. Metrics are get-or-create by name
 (``registry.counter(name, help, labels)``), so every package registers what it needs at import
-or startup without a central list. Collectors (sync or async callables) run at scrape time to
-refresh gauges from the database or from ``db.stats``; they must be cheap and bounded.
+or startup without a central list.
+
+A scrape costs O(1) in the data: it never touches the database and never waits for a pool
+connection. Two hooks fill gauges:
+
+* **collectors** (``add_collector``) run at scrape time and may only copy in-memory values
+  (``db.stats``, pool sizes, group-commit counters) into gauges;
+* **refreshers** (``add_refresher``) compute gauges from the database. They run in the
+  background at a fixed interval (:meth:`Registry.run_refresh`, started by the server, default
+  every 10 s, ``ORBIT_METRICS_REFRESH_S``), one after the other, each bounded by its own
+  queries' limits; a scrape shows the last values they set.
+
+The rendered text is cached for ``render_ttl_s`` (1 s) so a burst of scrapes renders once.
 
 Label values are escaped; label *names* are fixed per metric. Keep cardinality bounded: label
 by route template, status, kind or queue name, never by id.
@@ -11,14 +22,33 @@ by route template, status, kind or queue name, never by id.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import inspect
+import logging
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+log = logging.getLogger("orbit.metrics")
 
 Number = int | float
 Collector = Callable[[], Awaitable[None] | None]
+Refresher = Callable[[], Awaitable[None]]
+#: Seconds between two background refreshes of the database-computed gauges.
+DEFAULT_REFRESH_S = 10.0
+
+
+class Refreshing(Protocol):
+    """An object that refreshes its gauges (see :meth:`Registry.refreshing`)."""
+
+    def refresh(self) -> Awaitable[None]: ...
+
+
+R = TypeVar("R", bound=Refreshing)
 
 DEFAULT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -180,10 +210,15 @@ class Histogram(_Metric):
 class Registry:
     """Get-or-create metrics by name and render them all as Prometheus text."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, render_ttl_s: float = 1.0) -> None:
         self._metrics: dict[str, _Metric] = {}
         self._collectors: list[Collector] = []
+        self._refreshers: dict[str, Refresher] = {}
+        self._refreshing: dict[str, Refreshing] = {}
         self._lock = threading.Lock()
+        self.render_ttl_s = render_ttl_s
+        self._rendered: tuple[float, str] | None = None
+        self._rendering: asyncio.Future[str] | None = None
 
     def _get(
         self, cls: type[_Metric], name: str, help: str, labels: Sequence[str], **kw: object
@@ -214,14 +249,64 @@ class Registry:
         return self._get(Histogram, name, help, labels, buckets=tuple(buckets))  # type: ignore[return-value]
 
     def add_collector(self, fn: Collector) -> None:
-        """Run ``fn()`` (sync or async) before every render to refresh gauges."""
+        """Run ``fn()`` before every render. It may only read memory (never the database):
+        it runs on the scrape's path."""
         self._collectors.append(fn)
+
+    def add_refresher(self, name: str, fn: Refresher) -> None:
+        """Register ``fn`` (async, may query the database with bounded queries) to refresh
+        gauges in the background; one per ``name`` (a second registration replaces it)."""
+        self._refreshers[name] = fn
+
+    def refreshing(self, name: str, make: Callable[[], R]) -> R:
+        """The refresher object registered as ``name``; on first use ``make()`` builds it and
+        its ``refresh`` is registered (:meth:`add_refresher`). Once per registry."""
+        existing = self._refreshing.get(name)
+        if existing is None:
+            existing = self._refreshing[name] = make()
+            self.add_refresher(name, existing.refresh)
+        return existing  # type: ignore[return-value]
 
     async def collect(self) -> None:
         for fn in list(self._collectors):
             result = fn()
             if inspect.isawaitable(result):
                 await result
+
+    async def refresh(self) -> None:
+        """Run every refresher once, one after the other. A failing refresher is logged and
+        counted (``orbit_metrics_refresh_errors_total{gauge}``); its gauges keep their last
+        values. Called by :meth:`run_refresh` (and by tests)."""
+        seconds = self.histogram(
+            "orbit_metrics_refresh_seconds",
+            "Time of one background refresh of database-computed gauges, by refresher",
+            ("gauge",),
+        )
+        errors = self.counter(
+            "orbit_metrics_refresh_errors_total",
+            "Background gauge refreshes that failed (the gauges keep their last values)",
+            ("gauge",),
+        )
+        for name, fn in list(self._refreshers.items()):
+            started = time.perf_counter()
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                errors.inc(gauge=name)
+                log.warning("metrics refresh %s failed", name, exc_info=True)
+            seconds.observe(time.perf_counter() - started, gauge=name)
+        self._rendered = None
+
+    async def run_refresh(
+        self, stop: asyncio.Event, interval_s: float = DEFAULT_REFRESH_S
+    ) -> None:
+        """Refresh at once, then every ``interval_s`` until ``stop`` is set."""
+        while not stop.is_set():
+            await self.refresh()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
 
     def render(self) -> str:
         lines: list[str] = []
@@ -237,6 +322,29 @@ class Registry:
         """Run the collectors, then render."""
         await self.collect()
         return self.render()
+
+    async def scrape(self) -> str:
+        """The text of a scrape: rendered at most once per ``render_ttl_s``; concurrent
+        scrapes share one rendering. Touches no database."""
+        now = time.monotonic()
+        cached = self._rendered
+        if cached is not None and now - cached[0] < self.render_ttl_s:
+            return cached[1]
+        if self._rendering is not None:
+            return await asyncio.shield(self._rendering)
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._rendering = future
+        try:
+            text = await self.render_async()
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: concurrent scrapes re-raise it themselves
+            raise
+        finally:
+            self._rendering = None
+        self._rendered = (time.monotonic(), text)
+        future.set_result(text)
+        return text
 
 
 # Names of the platform's standard metrics (other packages reuse the conflict counter).

@@ -23,6 +23,8 @@ class Settings:
     #: Rows deleted per idempotency cleanup round, and seconds between rounds.
     idempotency_cleanup_batch: int = 1000
     idempotency_cleanup_interval_s: float = 60.0
+    #: Seconds between background refreshes of the database-computed gauges of /metrics.
+    metrics_refresh_s: float = 10.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:

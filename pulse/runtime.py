@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pulse import queue_gauges
 from pulse.dispatch import Dispatcher
 from pulse.hub import Hub
 from pulse.recovery import Recovery
@@ -42,11 +43,12 @@ def install(ctx: Any, settings: WorkerSettings | None = None) -> Hub:
                 "pulse_worker_connections", "Worker sessions connected to this node", ("kind",)
             )
 
-            def collect() -> None:
+            async def count_connections() -> None:  # O(connections): not on the scrape
                 for kind, n in hub.counts().items():
                     gauge.set(n, kind=kind)
 
-            metrics.add_collector(collect)
+            metrics.add_refresher("pulse_worker_connections", count_connections)
+            queue_gauges.install(metrics, ctx.db)
     return hub
 
 

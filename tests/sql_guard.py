@@ -57,6 +57,9 @@ ALLOW: dict[str, str] = {
     # and advanced by its (namespace_id, id) key (weave.advancer).
     "inbox_scan_pending": "weave advancer scan of due inbox events (weave.advancer)",
     "pending_scan_resumable": "weave advancer scan of resumed instances' deferred advances",
+    # /metrics queue depth: the background refresh reads the usage rows (one per queue) of
+    # every namespace for the fullest queues, bounded by LIMIT (pulse.queue_gauges).
+    "queue_depth_top": "metrics refresh of queue depth over all namespaces (pulse.queue_gauges)",
 }
 
 _CREATE = re.compile(

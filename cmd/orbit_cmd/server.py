@@ -215,7 +215,7 @@ def extra_routes(ctx: AppContext) -> list[BaseRoute]:
 
 def background_loops(ctx: AppContext) -> list[Loop]:
     """Every background loop of this node: the platform's, then LOOP_MODULES'."""
-    loops: list[Loop] = [IdempotencyCleanup(ctx).run]
+    loops: list[Loop] = [IdempotencyCleanup(ctx).run, _metrics_refresh(ctx)]
     delivery = _optional("orbit.delivery_loop")
     if delivery is not None and hasattr(delivery, "DeliveryLoop"):
         loop = delivery.DeliveryLoop(ctx.db, hub=delivery.deliveries_hub(ctx), metrics=ctx.metrics)
@@ -228,6 +228,15 @@ def background_loops(ctx: AppContext) -> list[Loop]:
 
 
 # =============================================================================================
+
+
+def _metrics_refresh(ctx: AppContext) -> Loop:
+    """The background refresh of /metrics' database-computed gauges (scrapes only read)."""
+
+    async def refresh_metrics(stop: asyncio.Event) -> None:
+        await ctx.metrics.run_refresh(stop, ctx.settings.metrics_refresh_s)
+
+    return refresh_metrics
 
 
 def lifespan(ctx: AppContext, loops: Sequence[Loop]) -> Callable[[Starlette], Any]:

@@ -83,7 +83,7 @@ async def readyz(request: Request) -> Response:
 @api("Prometheus metrics (text exposition)", open=True, tags=["operations"])
 async def metrics(request: Request) -> Response:
     ctx: AppContext = request.app.state.ctx
-    text = await ctx.metrics.render_async()
+    text = await ctx.metrics.scrape()
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

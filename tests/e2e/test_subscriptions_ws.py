@@ -19,7 +19,7 @@ from subscription_fixtures import LiveServer, SubTenant, append_results, make_ke
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from orbit import deliveries, delivery_pump
+from orbit import deliveries, delivery_gauges, delivery_pump
 from orbit.http import subscription_stream as server_wire
 from orbit.http.subscription_stream import StreamOptions
 from orbit.storage import Database
@@ -508,6 +508,8 @@ async def test_metrics_count_open_deliveries(
         json={"proof": d["proof"]},
         headers=t.auth,
     )
+    # What the server's background refresh does (a page of subscriptions per round).
+    await delivery_gauges.install(server.ctx.metrics, db).refresh_pass()
     resp = await http.get("/metrics")
     text = resp.text
     assert resp.status_code == 200, text[:500]

@@ -431,6 +431,11 @@ async def test_delivery_loop_run_once_pumps_and_sweeps(db: Database) -> None:
     final = await loop.run_once(now=t0 + ms(3_000))  # second expiry spends the budget of two
     assert final.exhausted >= 2
     assert registry.counter("orbit_deliveries_created_total", "").value() >= 3
+    # The gauge is refreshed in the background (a page of subscriptions per round), never on
+    # a scrape: one whole pass over the subscriptions.
+    from orbit import delivery_gauges
+
+    await delivery_gauges.install(registry, db).refresh_pass()
     text = await registry.render_async()
     assert 'orbit_deliveries{state="EXHAUSTED"}' in text
 
