@@ -17,12 +17,15 @@ Rules every function here keeps:
   (:func:`lock_chain`). The clock (``now``) is read from the database *after* the locks are
   held, so a lease is judged at the moment the decision is made. Tests pass ``now``.
 * **Fencing.** ``complete``/``fail``/``cancelled``/``effect`` need the attempt's execution
-  token (compared as SHA-256 digests in constant time). A wrong token changes nothing
-  (409 ``stale_token``). A right token for an attempt that is no longer current (lease
-  expired, LOST, a newer generation exists) is recorded as evidence and never applied.
+  token (compared as SHA-256 digests in constant time), whichever session carries them: the
+  token, not the session, binds a report to its attempt (docs/api/workers.md, "Which
+  session may send what"). A wrong token changes nothing (409 ``stale_token``). A right
+  token for an attempt that is no longer current (lease expired, LOST, a newer generation
+  exists, another report already applied) is recorded as evidence and never applied (409
+  ``stale_token``, ``details.evidence``).
 * **Receipts.** The first applied report of an attempt stores a receipt; the same report
   again (same operation and canonical digest, whatever its ``msg_id``) gets that receipt with
-  ``outcome: "replayed"``; a different report after it is a 409 ``conflict``.
+  ``outcome: "replayed"``; a different report after it is stale (evidence, ``stale_token``).
 * Every task change writes its raw event (and result event) through
   :func:`pulse.transitions.record_many`, as the last write of the transaction.
 """
@@ -865,9 +868,11 @@ def _parse_hex(text: str) -> bytes | None:
 
 @dataclass
 class _Late:
-    """A correct token for an attempt that is no longer current: evidence was recorded."""
+    """A correct token for an attempt that is no longer current: evidence was recorded.
+    ``applied``: the operation of the report already applied to it, when one was."""
 
     attempt_state: str
+    applied: str | None = None
 
 
 async def report(
@@ -881,9 +886,9 @@ async def report(
 
     Raises :class:`~pulse.errors.AttemptNotFound` (no such attempt in the namespace),
     :class:`~orbit.errors.StaleToken` (wrong token: nothing changes; or a right token for an
-    attempt that is no longer current: evidence ``late_<op>`` is committed, the task is
-    untouched), :class:`~orbit.errors.Conflict` (a different report was already applied,
-    or ``cancelled`` without a cancel request).
+    attempt that is no longer current or already has a different report applied: evidence
+    ``late_<op>`` is committed, the task is untouched), :class:`~orbit.errors.Conflict`
+    (``cancelled`` without a cancel request).
 
     ``complete`` → SUCCEEDED (a result after a cancel request stands). ``fail`` →
     WAITING after the backoff when retryable with attempts left, else FAILED; after a cancel
@@ -988,12 +993,11 @@ async def report_many(
                         task_state=receipt["task_state"],
                     )
                 else:
-                    out[idx] = Conflict(
-                        "a different report was already applied to this attempt",
-                        kind="receipt",
-                        attempt_id=aid,
-                        applied=receipt["operation"],
-                    )
+                    # The token's attempt already ended with another report: the token is
+                    # stale for any other outcome. Kept as evidence, the task is untouched.
+                    reason = "report_already_applied"
+                    await _record_late(tx, namespace_id, rep, attempt, digests[idx], t, reason)
+                    out[idx] = _Late(attempt_state=attempt["state"], applied=receipt["operation"])
                 continue
             touched.add(task["id"])
             reason = "attempt_not_current"
@@ -1061,11 +1065,16 @@ async def report_many(
     outcomes: list[wire.Receipt | Exception | None] = [None] * len(reports)
     for idx, value in enumerate(done):
         if isinstance(value, _Late):
+            extra = {} if value.applied is None else {"applied": value.applied}
             outcomes[idx] = StaleToken(
-                "the attempt is no longer current; the report was recorded as evidence",
+                "the attempt is no longer current; the report was recorded as evidence"
+                if value.applied is None
+                else f"a different report ({value.applied}) was already applied to this"
+                " attempt; this one was recorded as evidence",
                 attempt_id=id_hex(reports[idx].attempt_id),
                 attempt_state=value.attempt_state,
                 evidence=True,
+                **extra,
             )
         else:
             outcomes[idx] = value

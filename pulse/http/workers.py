@@ -8,7 +8,8 @@
 * ``POST /v1/namespaces/{ns}/attempts/{aid}/start|heartbeat|complete|fail|cancelled|effect``.
 
 Session-token routes answer 401 for a wrong/expired token (a WebSocket is closed with 4401
-before it is accepted). Handlers only decode, authenticate and translate; the rules live in
+before it is accepted) — except the report and effect routes, which accept the token of an
+ended session (the execution token fences them; a late report becomes evidence). Handlers only decode, authenticate and translate; the rules live in
 :mod:`pulse.sessions`, :mod:`pulse.attempts`, :mod:`pulse.effects`. The protocol, message by
 message, is in docs/api/workers.md.
 """
@@ -531,7 +532,10 @@ async def attempt_heartbeat(request: Request) -> Response:
 
 async def _http_report(request: Request, body_type: type[Any]) -> Response:
     ctx = _ctx(request)
-    info = await _session(request)
+    # A report is bound to its attempt by the execution token, not to a session: the
+    # session token only says which worker is talking, so an ended session's token is
+    # accepted here (a late report is then kept as evidence, docs/api/workers.md).
+    info = await _session(request, allow_ended=True)
     attempt_hex = request.path_params["aid"]
     body = decode(await request.body(), body_type, max_depth=_max_depth(request))
     frame: wire.Complete | wire.Fail | wire.Cancelled
@@ -595,7 +599,7 @@ async def attempt_cancelled(request: Request) -> Response:
 )
 async def attempt_effect(request: Request) -> Response:
     ctx = _ctx(request)
-    info = await _session(request)
+    info = await _session(request, allow_ended=True)  # fenced by the token, like reports
     body = decode(await request.body(), wire.EffectBody, max_depth=_max_depth(request))
     state = await effects.effect(
         ctx.db, info.namespace_id, _attempt_id(request.path_params["aid"]),

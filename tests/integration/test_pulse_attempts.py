@@ -217,13 +217,13 @@ async def test_receipts_replay_conflict_and_stale_token(db, tenant, hub) -> None
     again = await attempts.report(db, t.namespace_id, Report("complete", aid, token, result=same))
     assert again.outcome == "replayed" and again.receipt_id == first.receipt_id
     assert again.task_state == "SUCCEEDED"
-    # A different report after one was applied: conflict.
-    with pytest.raises(Conflict) as err:
+    # A different report after one was applied: the token is stale (kept as evidence).
+    with pytest.raises(StaleToken) as err:
         await attempts.report(
             db, t.namespace_id, Report("complete", aid, token, result=msgspec.Raw(b"2"))
         )
-    assert err.value.code == "conflict"
-    with pytest.raises(Conflict):
+    assert err.value.code == "stale_token" and err.value.details["applied"] == "complete"
+    with pytest.raises(StaleToken):
         error = wire.FailError(type="X", message="m")
         await attempts.report(db, t.namespace_id, Report("fail", aid, token, error=error))
     with pytest.raises(AttemptNotFound):

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from pulse_worker_support import FakeConn, check_invariants, connect, open_session, task_row
 
-from orbit.errors import Conflict, InvalidRequest, StaleToken
+from orbit.errors import InvalidRequest, StaleToken
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, Tx
 from pulse import attempts, wire
@@ -99,7 +99,7 @@ async def test_a_batch_of_reports_gives_each_item_its_own_outcome(db, tenant, hu
         Report("complete", a[1], "ext_not-the-token", result=ok),  # stale: only this fails
         Report("fail", a[2], tok[2], error=err, retryable=True),
         Report("complete", a[0], tok[0], result=msgspec.Raw(b'{ "n" : 1.50 }')),  # same report
-        Report("fail", a[0], tok[0], error=err),  # a different report after it: conflict
+        Report("fail", a[0], tok[0], error=err),  # a different report after it: stale
         Report("complete", new_id(), tok[0], result=ok),  # no such attempt
         Report("complete", a[3], tok[3], result=ok),
     ]
@@ -110,7 +110,7 @@ async def test_a_batch_of_reports_gives_each_item_its_own_outcome(db, tenant, hu
     assert isinstance(out[2], wire.Receipt) and out[2].task_state == "WAITING"  # retried
     assert isinstance(out[3], wire.Receipt) and out[3].outcome == "replayed"
     assert out[3].receipt_id == out[0].receipt_id
-    assert isinstance(out[4], Conflict)
+    assert isinstance(out[4], StaleToken) and out[4].details["applied"] == "complete"
     assert isinstance(out[5], AttemptNotFound)
     assert isinstance(out[6], wire.Receipt) and out[6].task_state == "SUCCEEDED"
     row = await task_row(db, t, offers[0].task.id)

@@ -254,7 +254,7 @@ def test_out_of_order_frames_on_a_real_attempt(server: OrbitServer, ws_tenant: C
         assert recv_json(ws, "receipt")["outcome"] == "applied"
         ws.send(json.dumps({"type": "fail", "msg_id": "f1", "attempt_id": aid,
                             "execution_token": started["execution_token"], "error": {"type": "late"}}))  # fmt: skip
-        assert recv_json(ws, "error")["code"] == "conflict"
+        assert recv_json(ws, "error")["code"] == "stale_token"  # kept as evidence
     final = get_task(server.url, ws_tenant, task["id"])
     assert final["state"] == "SUCCEEDED" and final["result"] == 3 and final["attempts"] == 1
 
