@@ -219,6 +219,14 @@ async def _reread(tx: Tx, row: DeliveryRow) -> DeliveryRow:
     return fresh
 
 
+class AckItem(msgspec.Struct, frozen=True):
+    """One ack of a node round: the delivery (namespace, id) and the proof presented."""
+
+    namespace_id: bytes
+    delivery_id: bytes
+    proof: str
+
+
 async def ack(
     db: Database,
     namespace_id: bytes,
@@ -233,22 +241,65 @@ async def ack(
     (nothing changes, nothing is counted twice). StaleProof (409) for any other proof,
     NotFound (404) for an unknown delivery.
     """
+    (outcome,) = await ack_round(db, [AckItem(namespace_id, delivery_id, proof)], now=now)
+    if isinstance(outcome, OrbitError):
+        raise outcome
+    return outcome
 
-    async def run(tx: Tx) -> AckResult:
-        row = await _locked(tx, namespace_id, delivery_id)
-        _check_proof(row, proof)
-        if row.state == DeliveryState.ACKED:
-            return AckResult(outcome="replayed", delivery=delivery_info(row))
-        at = now or await store.delivery_clock_now(tx)
-        if not await store.delivery_ack_if_revision(tx, row, now=at):
+
+#: Most acks applied in one round (:func:`ack_round`).
+ACK_BATCH = 1024
+
+
+async def ack_round(
+    db: Database, items: Sequence[AckItem], *, now: datetime | None = None
+) -> list[AckResult | OrbitError]:
+    """Acknowledge deliveries of any namespaces and subscriptions in ONE transaction (a node
+    round of acks, :class:`orbit.rounds.NodeRound`): per item, in order, its
+    :class:`AckResult` or the error :func:`ack` would raise for it alone
+    (:class:`StaleProof`, :class:`NotFound`).
+
+    Each item is judged alone, exactly as :func:`ack` judges it: its row locked (the round's
+    rows in one statement, (namespace, id) order), its proof checked against the stored
+    digest. Every applied ack is written by ONE multi-row UPDATE whose rows each keep their
+    own revision guard; its matched count must equal the rows. The same delivery twice in a
+    round: the first applies, the second replays. A failing statement fails the whole round
+    (nothing is acked), like any transaction.
+    """
+    if not items:
+        return []
+
+    async def run(tx: Tx) -> list[AckResult | OrbitError]:
+        keys = sorted({(i.namespace_id, i.delivery_id) for i in items})
+        locked, at = await tx.pipeline(  # the rows and the clock in one round trip
+            store.delivery_lock_keys(tx, keys), store.delivery_clock_now(tx, now)
+        )
+        rows = {(r.namespace_id, r.id): r for r in locked}
+        out: list[AckResult | OrbitError] = []
+        done: dict[tuple[bytes, bytes], DeliveryRow] = {}
+        writes: list[DeliveryRow] = []
+        for item in items:
+            key = (item.namespace_id, item.delivery_id)
+            row = done.get(key) or rows.get(key)
+            if row is None:
+                out.append(NotFound("delivery"))
+            elif row.proof_digest is None or not digest_matches(item.proof, row.proof_digest):
+                out.append(StaleProof(delivery_id=id_hex(row.id)))
+            elif row.state == DeliveryState.ACKED:
+                out.append(AckResult(outcome="replayed", delivery=delivery_info(row)))
+            else:
+                writes.append(row)
+                done[key] = acked = msgspec.structs.replace(
+                    row, state=DeliveryState.ACKED.value, acked_at=at, lease_expires_at=None,
+                    revision=row.revision + 1, updated_at=at,
+                )  # fmt: skip
+                out.append(AckResult(outcome="applied", delivery=delivery_info(acked)))
+        if writes and await store.deliveries_ack(tx, writes, now=at) != len(writes):
+            # The rows are locked by this transaction: only a bug gets here.
             raise Conflict("delivery changed concurrently", kind="cas")
-        return AckResult(outcome="applied", delivery=delivery_info(await _reread(tx, row)))
+        return out
 
     return await db.transaction(run)
-
-
-#: Most acks applied in one transaction by :func:`ack_many`.
-ACK_BATCH = 256
 
 
 async def ack_many(
@@ -258,46 +309,10 @@ async def ack_many(
     *,
     now: datetime | None = None,
 ) -> list[str | OrbitError]:
-    """Acknowledge several deliveries in ONE transaction (the group commit of a subscription
-    stream's acks): per item, in order, ``"applied"``, ``"replayed"`` or the error
-    :func:`ack` would raise for it alone (:class:`StaleProof`, :class:`NotFound`).
-
-    Each item is judged alone, exactly as :func:`ack` judges it: its row locked (the batch's
-    rows in primary-key order), its proof checked, its guarded UPDATE counted. The same
-    delivery twice in a batch: the first applies, the second replays. A failing statement
-    fails the whole batch (nothing is acked), like any transaction.
-    """
-    if not items:
-        return []
-
-    async def run(tx: Tx) -> list[str | OrbitError]:
-        ids = sorted({d for d, _ in items})
-        locked, at = await tx.pipeline(  # the rows and the clock in one round trip
-            store.delivery_get_many_for_update(tx, namespace_id, ids),
-            store.delivery_clock_now(tx, now),
-        )
-        rows = {r.id: r for r in locked}
-        out: list[str | OrbitError] = []
-        taken: set[bytes] = set()
-        writes: list[DeliveryRow] = []
-        for delivery_id, proof in items:
-            row = rows.get(delivery_id)
-            if row is None:
-                out.append(NotFound("delivery"))
-            elif row.proof_digest is None or not digest_matches(proof, row.proof_digest):
-                out.append(StaleProof(delivery_id=id_hex(row.id)))
-            elif row.state == DeliveryState.ACKED or delivery_id in taken:
-                out.append("replayed")
-            else:
-                taken.add(delivery_id)
-                writes.append(row)
-                out.append("applied")
-        counts = await tx.execute_batch([store.delivery_ack_statement(r, now=at) for r in writes])
-        if any(c != 1 for c in counts):  # the rows are locked: only a bug gets here
-            raise Conflict("delivery changed concurrently", kind="cas")
-        return out
-
-    return await db.transaction(run)
+    """:func:`ack_round` for (delivery id, proof) pairs of one namespace: per item
+    ``"applied"``, ``"replayed"`` or its error."""
+    outcomes = await ack_round(db, [AckItem(namespace_id, d, p) for d, p in items], now=now)
+    return [o if isinstance(o, OrbitError) else o.outcome for o in outcomes]
 
 
 async def nack(

@@ -28,10 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from orbit import delivery_gauges, delivery_pump
+from orbit import deliveries, delivery_gauges, delivery_pump
+from orbit.deliveries import AckItem, AckResult
 from orbit.delivery_pump import PUMP_BATCH
 from orbit.errors import Conflict
 from orbit.metrics import Registry
+from orbit.rounds import NodeRound
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store import deliveries as delivery_store
 from orbit.store import subscriptions as sub_store
@@ -51,6 +53,21 @@ class DeliveryHub:
     def __init__(self) -> None:
         self._events: dict[tuple[bytes, bytes], set[asyncio.Event]] = {}
         self._probes: delivery_pump.LeaseProbes | None = None
+        self._acks: NodeRound[AckItem, AckResult] | None = None
+        self._acks_db: Database | None = None
+
+    def ack_round(self, db: Database) -> NodeRound[AckItem, AckResult]:
+        """This process's node round of acks on ``db`` (created on first use): the acks of
+        every connection, pull consumer and namespace that arrive while one round's
+        transaction is in flight go together into the next (:func:`deliveries.ack_round`)."""
+        if self._acks is None or self._acks_db is not db:
+            self._acks_db = db
+            self._acks = NodeRound(
+                lambda items: deliveries.ack_round(db, items),
+                max_items=deliveries.ACK_BATCH,
+                name="delivery-acks",
+            )
+        return self._acks
 
     def lease_probes(self, db: Database) -> delivery_pump.LeaseProbes:
         """This process's coalesced hand-out probes on ``db`` (created on first use)."""

@@ -192,19 +192,16 @@ async def hand_out_locked(
         return [], in_flight
     lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
     proofs = [new_secret(24) for _ in rows]
-    # Every guarded lease and the rows' result events in ONE round trip.
-    *leased, event_rows = await tx.pipeline(
-        *(
-            store.delivery_lease_if_pending(
-                tx, row, proof_digest=digest(proof), lease_expires_at=lease_end, now=now
-            )
-            for row, proof in zip(rows, proofs, strict=True)
+    # Every lease (ONE guarded multi-row UPDATE) and the rows' result events: one round trip.
+    leased, event_rows = await tx.pipeline(
+        store.deliveries_lease(
+            tx, rows, [digest(p) for p in proofs], lease_expires_at=lease_end, now=now
         ),
         store.delivery_event_list_by_seq(tx, sub.namespace_id, [r.seq for r in rows]),
     )
-    taken = [(row, proof) for row, proof, ok in zip(rows, proofs, leased, strict=True) if ok]
-    if not taken:
-        return [], in_flight
+    if leased != len(rows):  # the rows are locked by this transaction: only a bug gets here
+        raise Conflict("delivery changed concurrently", kind="cas")
+    taken = list(zip(rows, proofs, strict=True))
     events = {int(r["seq"]): r for r in event_rows}
     out: list[Leased] = []
     for row, proof in taken:

@@ -49,7 +49,7 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketState
 
 from orbit import deliveries, delivery_pump
-from orbit.deliveries import Leased, StaleProof, event_json
+from orbit.deliveries import AckItem, Leased, StaleProof, event_json
 from orbit.delivery_loop import DeliveryHub
 from orbit.errors import InvalidRequest, NotFound, OrbitError
 from orbit.http.body import check_depth
@@ -209,6 +209,7 @@ class StreamConnection:
         self.stats = StreamStats()
         self._wake = hub.watch(sub.namespace_id, sub.id)
         self._probes = hub.lease_probes(db)
+        self._acks_round = hub.ack_round(db)
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
 
@@ -353,22 +354,23 @@ class StreamConnection:
 
     async def _settle_acks(self, frames: list[AckFrame]) -> None:
         ids = [parse_id(f.delivery_id) for f in frames]
-        items = [(d, f.proof) for d, f in zip(ids, frames, strict=True) if d is not None]
-        try:
-            outcomes = iter(await deliveries.ack_many(self.db, self.namespace_id, items))
-        except OrbitError as exc:
-            for f in frames:
-                await self._send_error(exc.code, exc.message, f.delivery_id)
-            return
-        except StorageError as exc:
-            for f in frames:
-                await self._send_error(
-                    "not_ready", f"database busy, retry: {type(exc).__name__}", f.delivery_id
-                )
-            return
+        items = [
+            AckItem(self.namespace_id, d, f.proof)
+            for d, f in zip(ids, frames, strict=True)
+            if d is not None
+        ]
+        # Into this node's round of acks (every connection's, every namespace's).
+        outcomes = iter(await self._acks_round.submit_many(items))
         for delivery_id, f in zip(ids, frames, strict=True):
             outcome = NotFound("delivery") if delivery_id is None else next(outcomes)
-            if isinstance(outcome, OrbitError):
+            if isinstance(outcome, StorageError):
+                await self._send_error(
+                    "not_ready", f"database busy, retry: {type(outcome).__name__}", f.delivery_id
+                )
+            elif isinstance(outcome, BaseException) and not isinstance(outcome, OrbitError):
+                log.error("ack round failed: %r", outcome)
+                await self._send_error("internal", "ack failed, retry", f.delivery_id)
+            elif isinstance(outcome, OrbitError):
                 if isinstance(outcome, StaleProof | NotFound) and delivery_id is not None:
                     self._forget(delivery_id, f.proof)
                 await self._send_error(outcome.code, outcome.message, f.delivery_id)

@@ -217,7 +217,8 @@ async def ack_delivery(request: Request) -> Response:
     p = await authorize(request, CONSUME, request.path_params["ns"])
     delivery_id = _delivery_id(request)
     body = await decode_body(request, ProofBody)
-    result = await deliveries.ack(request.app.state.ctx.db, _namespace(p), delivery_id, body.proof)
+    acks = _hub(request).ack_round(request.app.state.ctx.db)  # this node's round of acks
+    result = await acks.submit(deliveries.AckItem(_namespace(p), delivery_id, body.proof))
     return json_response(result)
 
 

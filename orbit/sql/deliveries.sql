@@ -35,15 +35,33 @@ FROM orbit_deliveries
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 FOR UPDATE
 
--- name: delivery_get_many_for_update
--- Group-committed acks (orbit.deliveries.ack_many): lock a batch of deliveries by primary
--- key, in key order (two batches never wait on each other in a cycle).
+-- name: delivery_lock_keys
+-- A node round's locking read: the deliveries of several namespaces by primary key, in
+-- (namespace, id) order (two rounds never wait on each other in a cycle). The keys marker
+-- becomes one (namespace_id = ? AND id IN (…)) group per namespace, OR-ed
+-- (store.deliveries.namespace_groups).
 SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
   lease_expires_at, next_at, acked_at, revision, created_at, updated_at
 FROM orbit_deliveries
-WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
-ORDER BY id
+WHERE /*keys*/
+ORDER BY namespace_id, id
 FOR UPDATE
+
+-- name: deliveries_ack
+-- The acks of one node round in ONE statement: each row guarded by its own revision
+-- (CASE id WHEN … THEN … END); the matched count must equal the rows.
+UPDATE orbit_deliveries
+SET state = 'ACKED', acked_at = %s, lease_expires_at = NULL,
+  revision = revision + 1, updated_at = %s
+WHERE /*keys*/ AND state <> 'ACKED' AND revision = /*revisions*/
+
+-- name: deliveries_lease
+-- One hand-out's leases in ONE statement: a new proof digest per row (CASE id), one more
+-- attempt, the lease; each row guarded by state, budget and its own revision.
+UPDATE orbit_deliveries
+SET state = 'LEASED', proof_digest = /*digests*/, attempts = attempts + 1,
+  lease_expires_at = %s, next_at = %s, revision = revision + 1, updated_at = %s
+WHERE /*keys*/ AND state = 'PENDING' AND attempts < budget AND revision = /*revisions*/
 
 -- name: delivery_count_leased
 -- Deliveries handed out and not yet settled. Only the holder of the subscription row lock
@@ -88,16 +106,6 @@ WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
   AND state = 'LEASED' AND next_at <= COALESCE(%(now)s, UTC_TIMESTAMP(6))
 LIMIT 1
 
--- name: delivery_lease_if_pending
--- One hand-out: a new proof digest, one more attempt, a lease. Guarded by state and
--- revision: 0 rows means the row moved on since it was read (the caller skips it).
-UPDATE orbit_deliveries
-SET state = 'LEASED', proof_digest = %(proof_digest)s, attempts = attempts + 1,
-  lease_expires_at = %(lease_expires_at)s, next_at = %(lease_expires_at)s,
-  revision = revision + 1, updated_at = %(now)s
-WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
-  AND state = 'PENDING' AND attempts < budget
-
 -- name: delivery_requeue_if_revision
 -- Nack, lease expiry or release: back to PENDING at next_at, or EXHAUSTED when the budget
 -- is spent. The proof digest is kept, so a late ack with the last proof still counts until
@@ -106,13 +114,6 @@ UPDATE orbit_deliveries
 SET state = %(state)s, lease_expires_at = NULL, next_at = %(next_at)s,
   revision = revision + 1, updated_at = %(now)s
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
-
--- name: delivery_ack_if_revision
-UPDATE orbit_deliveries
-SET state = 'ACKED', acked_at = %(now)s, lease_expires_at = NULL,
-  revision = revision + 1, updated_at = %(now)s
-WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
-  AND state <> 'ACKED'
 
 -- name: delivery_set_budget_if_revision
 -- Operator budget: raises the budget (never lowers it) and revives an EXHAUSTED delivery.

@@ -6,13 +6,14 @@ for guarded updates (True = the guard held and the row changed).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from orbit.storage import Tx, load_queries
+from orbit.storage.db import placeholders
 
 Q = load_queries(__file__, "deliveries")
 
@@ -74,20 +75,87 @@ async def delivery_get(
     return _row(await tx.fetchone(sql, {"namespace_id": namespace_id, "id": delivery_id}))
 
 
-async def delivery_get_many_for_update(
-    tx: Tx, namespace_id: bytes, delivery_ids: Sequence[bytes]
-) -> list[DeliveryRow]:
-    """Lock the deliveries of ``delivery_ids`` (primary-key order); missing ones are absent."""
-    if not delivery_ids:
+# -- many rows of many namespaces, one statement ----------------------------------------------
+#
+# A node round (orbit.rounds) touches rows of several namespaces in one statement. Every
+# statement keeps the namespace predicate per group — ``(namespace_id = %s AND id IN (…)) OR
+# (namespace_id = %s AND id IN (…))`` — never a row-constructor ``(namespace_id, id) IN
+# ((…), (…))``, which MariaDB plans and runs several times slower. Each row keeps its own
+# guard (``revision = CASE id WHEN … END``) and the caller checks the matched-row count.
+# Built here rather than in deliveries.sql: the text depends on the round's shape.
+
+
+def namespace_groups(
+    keys: Iterable[tuple[bytes, bytes]], column: str = "id", alias: str = ""
+) -> tuple[str, list[Any]]:
+    """``((ns = %s AND id IN (%s, …)) OR …)`` for (namespace_id, key) pairs, groups and
+    keys sorted (so a locking read takes its rows in one global order)."""
+    groups: dict[bytes, set[bytes]] = {}
+    for ns, key in keys:
+        groups.setdefault(ns, set()).add(key)
+    if not groups:
+        raise ValueError("no keys")
+    parts: list[str] = []
+    args: list[Any] = []
+    for ns in sorted(groups):
+        ids = sorted(groups[ns])
+        parts.append(f"({alias}namespace_id = %s AND {alias}{column} IN ({placeholders(ids)}))")
+        args += [ns, *ids]
+    return "(" + " OR ".join(parts) + ")", args
+
+
+def case_by_id(values: Sequence[tuple[bytes, Any]], column: str = "id") -> tuple[str, list[Any]]:
+    """``CASE id WHEN %s THEN %s … END`` (the per-row value or guard of a multi-row UPDATE)."""
+    args: list[Any] = []
+    for key, value in values:
+        args += [key, value]
+    return f"CASE {column}" + " WHEN %s THEN %s" * len(values) + " END", args
+
+
+async def delivery_lock_keys(tx: Tx, keys: Sequence[tuple[bytes, bytes]]) -> list[DeliveryRow]:
+    """Lock the deliveries of (namespace_id, id) ``keys`` — any namespaces — in ONE
+    statement, in (namespace, id) order; missing ones are absent."""
+    if not keys:
         return []
-    args = {"namespace_id": namespace_id, "ids": tuple(delivery_ids)}
-    return _rows(await tx.fetchall(Q.delivery_get_many_for_update, args))
+    where, args = namespace_groups(keys)
+    sql = Q.delivery_lock_keys.replace("/*keys*/", where)
+    return _rows(await tx.fetchall(sql, args))
 
 
-def delivery_ack_statement(row: DeliveryRow, *, now: datetime) -> tuple[str, dict[str, Any]]:
-    """The guarded ACK UPDATE of ``row`` as (sql, args), for :meth:`Tx.execute_batch`."""
-    args = {"namespace_id": row.namespace_id, "id": row.id, "revision": row.revision, "now": now}
-    return Q.delivery_ack_if_revision, args
+async def deliveries_ack(tx: Tx, rows: Sequence[DeliveryRow], *, now: datetime) -> int:
+    """ACK every row of ``rows`` (locked by this transaction; any namespaces) with ONE
+    guarded UPDATE; return the matched count, which must be ``len(rows)``."""
+    if not rows:
+        return 0
+    where, where_args = namespace_groups((r.namespace_id, r.id) for r in rows)
+    guard, guard_args = case_by_id([(r.id, r.revision) for r in rows])
+    sql = Q.deliveries_ack.replace("/*keys*/", where).replace("/*revisions*/", guard)
+    return await tx.execute(sql, [now, now, *where_args, *guard_args])
+
+
+async def deliveries_lease(
+    tx: Tx,
+    rows: Sequence[DeliveryRow],
+    proof_digests: Sequence[bytes],
+    *,
+    lease_expires_at: datetime,
+    now: datetime,
+) -> int:
+    """Hand out every row of ``rows`` (PENDING, locked by this transaction) under its own
+    new proof digest with ONE guarded UPDATE; return the matched count (``len(rows)`` unless
+    a row moved on, which its lock rules out)."""
+    if not rows:
+        return 0
+    where, where_args = namespace_groups((r.namespace_id, r.id) for r in rows)
+    digests, digest_args = case_by_id([(r.id, d) for r, d in zip(rows, proof_digests, strict=True)])
+    guard, guard_args = case_by_id([(r.id, r.revision) for r in rows])
+    sql = (
+        Q.deliveries_lease.replace("/*digests*/", digests)
+        .replace("/*keys*/", where)
+        .replace("/*revisions*/", guard)
+    )
+    args = [*digest_args, lease_expires_at, lease_expires_at, now, *where_args, *guard_args]
+    return await tx.execute(sql, args)
 
 
 class LeaseProbe(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,30 +237,6 @@ async def delivery_expired_exists(
     return await tx.fetchone(Q.delivery_expired_exists, args) is not None
 
 
-async def delivery_lease_if_pending(
-    tx: Tx,
-    row: DeliveryRow,
-    *,
-    proof_digest: bytes,
-    lease_expires_at: datetime,
-    now: datetime,
-) -> bool:
-    """Hand ``row`` out once more under a new proof.
-
-    False means the row is no longer PENDING at ``row.revision`` (acked, given budget or
-    leased by someone else since it was read), or its budget is spent.
-    """
-    args = {
-        "namespace_id": row.namespace_id,
-        "id": row.id,
-        "revision": row.revision,
-        "proof_digest": proof_digest,
-        "lease_expires_at": lease_expires_at,
-        "now": now,
-    }
-    return await tx.execute(Q.delivery_lease_if_pending, args) == 1
-
-
 async def delivery_requeue_if_revision(
     tx: Tx, row: DeliveryRow, *, state: str, next_at: datetime, now: datetime
 ) -> bool:
@@ -209,15 +253,6 @@ async def delivery_requeue_if_revision(
         "now": now,
     }
     return await tx.execute(Q.delivery_requeue_if_revision, args) == 1
-
-
-async def delivery_ack_if_revision(tx: Tx, row: DeliveryRow, *, now: datetime) -> bool:
-    """Mark ``row`` ACKED.
-
-    False means it was already ACKED or changed since it was read.
-    """
-    args = {"namespace_id": row.namespace_id, "id": row.id, "revision": row.revision, "now": now}
-    return await tx.execute(Q.delivery_ack_if_revision, args) == 1
 
 
 async def delivery_set_budget_if_revision(

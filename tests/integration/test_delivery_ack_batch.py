@@ -130,11 +130,16 @@ async def test_hand_out_counts_read_one_subscription_range_not_the_namespace(
         (plan,) = await _explain(db, getattr(dstore.Q, name), args)
         assert plan["key"] == "ix_orbit_deliveries_due", (name, plan)
         assert "Using index" in str(plan["Extra"]), (name, plan)  # index-only: no row reads
-    ids = tuple(new_id() for _ in range(3))
-    (plan,) = await _explain(
-        db, dstore.Q.delivery_get_many_for_update, {"namespace_id": t.namespace_id, "ids": ids}
-    )
-    assert plan["key"] == "PRIMARY" and int(plan["rows"]) <= 3, plan
+    # The ack round's locking read, two namespaces in one statement: primary-key ranges.
+    keys = [(t.namespace_id, new_id()) for _ in range(3)] + [(new_id(), new_id())]
+    where, where_args = dstore.namespace_groups(keys)
+    sql = dstore.Q.delivery_lock_keys.replace("/*keys*/", where)
+
+    async def plan_of(tx: Tx) -> list[dict[str, object]]:
+        return list(await tx.fetchall("EXPLAIN " + sql, where_args))
+
+    (plan,) = await db.read(plan_of)
+    assert plan["key"] == "PRIMARY" and int(plan["rows"]) <= 4, plan
     # and the figures are the subscription's own
     leased = await db.read(lambda tx: dstore.delivery_count_leased(tx, t.namespace_id, busy.id))
     assert leased == 2500

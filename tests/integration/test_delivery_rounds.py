@@ -1,0 +1,147 @@
+"""Node rounds of the subscriber leg: the acks of every namespace, subscription and
+connection of a process go into one transaction with ONE guarded multi-row UPDATE; a
+hand-out leases its deliveries with ONE guarded UPDATE; the first item after a quiet spell
+goes alone. Real MariaDB; statements counted from the storage layer's statement log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import msgspec
+from subscription_fixtures import SubTenant, append_results, make_tenant
+
+from orbit import deliveries, delivery_pump, subscriptions
+from orbit.audit import CLI_ACTOR
+from orbit.deliveries import AckItem, AckResult, StaleProof
+from orbit.errors import NotFound
+from orbit.rounds import NodeRound
+from orbit.storage import Database
+from orbit.storage import db as storage_db
+from orbit.subscriptions import SubscriptionPut
+
+
+class _Recorder(list[str]):
+    """Every statement run while installed (and forwarded to the log it replaced)."""
+
+    def __init__(self, inner: list[str] | None) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def append(self, sql: str) -> None:
+        super().append(sql)
+        if self.inner is not None:
+            self.inner.append(sql)
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[_Recorder]:
+    rec = _Recorder(storage_db.STATEMENT_LOG)
+    storage_db.STATEMENT_LOG = rec
+    try:
+        yield rec
+    finally:
+        storage_db.STATEMENT_LOG = rec.inner
+
+
+def _updates(rec: list[str]) -> list[str]:
+    return [s for s in rec if s.lstrip("-\n ").upper().startswith("UPDATE") or "\nUPDATE " in s]
+
+
+async def _sub(db: Database, t: SubTenant, name: str = "s", **kw: object):
+    body = msgspec.convert({"start": "earliest", **kw}, SubscriptionPut)
+    row, *_ = await subscriptions.put_subscription(db, CLI_ACTOR, t.namespace_id, name, body)
+    return row
+
+
+async def test_ack_round_spans_namespaces_with_one_update(db: Database) -> None:
+    a, b = await make_tenant(db), await make_tenant(db)
+    sa, sb = await _sub(db, a), await _sub(db, b)
+    sb2 = await _sub(db, b, "second")
+    await append_results(db, a.namespace_id, 3)
+    await append_results(db, b.namespace_id, 2)
+    da = (await delivery_pump.lease(db, a.namespace_id, sa.id, 10)).deliveries
+    db_ = (await delivery_pump.lease(db, b.namespace_id, sb.id, 10)).deliveries
+    db2 = (await delivery_pump.lease(db, b.namespace_id, sb2.id, 10)).deliveries
+    assert (len(da), len(db_), len(db2)) == (3, 2, 2)
+    items = [AckItem(a.namespace_id, d.delivery_id, d.proof) for d in da]
+    items += [AckItem(b.namespace_id, d.delivery_id, d.proof) for d in db_ + db2]
+    items.append(AckItem(b.namespace_id, da[0].delivery_id, da[0].proof))  # other namespace
+    items.append(AckItem(a.namespace_id, da[1].delivery_id, "not-the-proof"))
+    items.append(AckItem(a.namespace_id, da[2].delivery_id, da[2].proof))  # twice: replayed
+    with recorded() as rec:
+        out = await deliveries.ack_round(db, items)
+    applied = [o for o in out[:7] if isinstance(o, AckResult)]
+    assert [o.outcome for o in applied] == ["applied"] * 7
+    assert isinstance(out[7], NotFound) and isinstance(out[8], StaleProof)
+    assert isinstance(out[9], AckResult) and out[9].outcome == "replayed"
+    assert out[9].delivery == out[2].delivery  # the answer of the write is the stored row
+    ups = [s for s in _updates(rec) if "orbit_deliveries" in s]
+    assert len(ups) == 1, ups  # ONE multi-row UPDATE for the whole round
+    for t, d in [(a, da[0]), (b, db_[1]), (b, db2[0])]:
+        stored = await deliveries.get_delivery(db, t.namespace_id, d.delivery_id)
+        assert (stored.state, stored.attempts, stored.revision) == ("ACKED", 1, 3)
+    again = await deliveries.ack(db, a.namespace_id, da[0].delivery_id, da[0].proof)
+    assert again.outcome == "replayed" and again.delivery == out[0].delivery
+
+
+async def test_hand_out_leases_with_one_update(db: Database) -> None:
+    t = await make_tenant(db)
+    sub = await _sub(db, t)
+    await append_results(db, t.namespace_id, 7)
+    await delivery_pump.pump_subscription(db, t.namespace_id, sub.id)
+    with recorded() as rec:
+        batch = await delivery_pump.lease(db, t.namespace_id, sub.id, 10)
+    assert len(batch.deliveries) == 7 and len({d.proof for d in batch.deliveries}) == 7
+    leases = [s for s in _updates(rec) if "SET state = 'LEASED'" in s]
+    assert len(leases) == 1, leases
+    for d in batch.deliveries:  # each its own proof: the others' do not ack it
+        other = next(x for x in batch.deliveries if x is not d)
+        bad = await deliveries.ack_round(db, [AckItem(t.namespace_id, d.delivery_id, other.proof)])
+        assert isinstance(bad[0], StaleProof)
+    outcomes = await deliveries.ack_many(
+        db, t.namespace_id, [(d.delivery_id, d.proof) for d in batch.deliveries]
+    )
+    assert outcomes == ["applied"] * 7
+
+
+async def test_node_round_first_alone_then_everything_that_arrived() -> None:
+    gate = asyncio.Event()
+    seen: list[list[int]] = []
+
+    async def apply(items: list[int]) -> list[int | BaseException]:
+        seen.append(list(items))
+        if len(seen) == 1:
+            await gate.wait()
+        return [ValueError(i) if i < 0 else i * 10 for i in items]
+
+    rnd: NodeRound[int, int] = NodeRound(apply, max_items=4, name="test")
+    first = asyncio.create_task(rnd.submit(1))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert seen == [[1]]  # the first item after a quiet spell goes at once, alone
+    rest = asyncio.create_task(rnd.submit_many([2, -3, 4, 5, 6]))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == 10
+    out = await rest
+    assert out[0] == 20 and isinstance(out[1], ValueError) and out[2:] == [40, 50, 60]
+    assert seen == [[1], [2, -3, 4, 5], [6]]  # everything that waited, up to max_items
+    assert (rnd.stats.rounds, rnd.stats.items, rnd.stats.largest) == (3, 6, 4)
+
+
+async def test_node_round_isolates_a_failing_round() -> None:
+    async def apply(items: list[int]) -> list[int | BaseException]:
+        if 13 in items and len(items) > 1:
+            raise RuntimeError("poisoned round")
+        if items == [13]:
+            raise RuntimeError("poisoned item")
+        return list(items)
+
+    rnd: NodeRound[int, int] = NodeRound(apply, name="test")
+    blocker = asyncio.create_task(rnd.submit(0))
+    out = await rnd.submit_many([1, 13, 2])
+    assert await blocker == 0
+    assert out[0] == 1 and isinstance(out[1], RuntimeError) and out[2] == 2
+    assert rnd.stats.isolated == 1
