@@ -1,4 +1,4 @@
-"""Orbit's benchmark suite (issue 9): ``python -m bench`` (see bench/README.md).
+"""Orbit's benchmark suite: ``python -m bench`` (see bench/README.md).
 
 Everything runs on this machine against the real processes: a scratch MariaDB database
 migrated with ``orbit-migrate up``, the real ``orbit-server`` as a subprocess, SDK workers as

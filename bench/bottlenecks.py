@@ -1,17 +1,12 @@
 """The report's "targets not met" section: for each target a run misses, the bottleneck named
-with this run's own figures (CPU use of each process, CPU per task, the legs of S5) and a
-pointer to the evidence behind it (profiles in ``reports/profiles/``, the measured
-experiments in docs/performance.md) and to what would break it.
-
-The texts name what docs/performance.md established by measurement (slow log, interleaved
-A/B pairs, profiles); the numbers in them come from the run being reported.
+with this run's own figures — the CPU each process used, the ledger per task (which tables
+wrote the most rows and index entries), S5's legs, S7's statements at rest, S8's rows by
+table — a pointer to the profile when one was taken, and what would break it.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-PERF = "docs/performance.md"
 
 
 def _get(d: Any, *path: str) -> Any:
@@ -48,108 +43,177 @@ def _s1_cpu(s1: dict[str, Any], cores: Any) -> tuple[str, float | None]:
     return f"{used} = {_num(total)} of {cores} cores busy{per_task}", busy
 
 
+def top_tables(led: Any, key: str, k: int = 3) -> str:
+    """The ``k`` tables with the most of ``key`` per task (``inserted+updated+deleted`` for
+    ``rows``), as text."""
+    tables = _get(led, "per_table") or {}
+    n = _get(led, "tasks") or 0
+    if not tables or not n:
+        return "—"
+
+    def value(v: dict[str, int]) -> int:
+        if key == "rows":
+            return v["inserted"] + v["updated"] + v["deleted"]
+        return v[key]
+
+    ranked = sorted(tables.items(), key=lambda kv: -value(kv[1]))[:k]
+    return ", ".join(f"`{t}` {value(v) / n:.1f}" for t, v in ranked if value(v))
+
+
+def _profile(fig: Any) -> str:
+    prof = _get(fig, "profile", "top")
+    return f" Profile: `{_rel(prof)}`." if isinstance(prof, str) else ""
+
+
 def lines(out: dict[str, Any], missed: list[str]) -> list[str]:
-    """Markdown lines for the targets in ``missed`` (keys of the ratios), in that order."""
+    """Markdown paragraphs for the targets in ``missed`` (keys of the ratios)."""
     raw = out.get("raw") or {}
     cores = _get(out, "machine", "cores") or "?"
     s1 = raw.get("s1") or {}
+    led = s1.get("ledger") or {}
+    pt = led.get("per_task") or {}
+    m = set(missed)
     text: dict[str, str] = {}
-    if {"s1_vs_pgqueuer", "s1_vs_db_limit"} & set(missed):
-        prof = _get(s1, "profile", "top")
-        where = f" Profile: `{_rel(prof)}`." if isinstance(prof, str) else ""
+    if {"s1_vs_pgqueuer", "s1_vs_baseline", "s1_server_cpu_ms", "s1_mariadb_cpu_ms"} & m:
         cpu, busy = _s1_cpu(s1, cores)
         head = (
             f"The box's CPU is the limit ({cpu})."
             if busy is not None and busy >= 0.8
             else f"Not CPU-bound in this run ({cpu}): transactions wait for each other."
         )
+        work = (
+            f" Per task MariaDB ran {_num(pt.get('statements'))} statements in "
+            f"{_num(pt.get('transactions'))} transactions and wrote "
+            f"{_num(pt.get('row_writes'), 1)} rows."
+            if pt else ""
+        )  # fmt: skip
         text["s1"] = (
-            f"**S1 (end to end).** {head} The usage rows that every counting transaction "
-            "locks first (SPEC §5) are worth 7–16 % (measured without the lock, "
-            f'{PERF} "Session 4").{where} What would break it: '
-            "far less database work per task (rows and secondary indexes written per state "
-            "change, a delivery row per result and consumer, per-row report statements) — "
-            "PgQueuer's loop is one INSERT and one UPDATE a task with no HTTP, WebSocket, "
-            "events or deliveries."
+            f"**S1 (throughput, CPU per task).** {head}{work} The server's CPU follows the "
+            "statements and round trips (driver escaping, socket writes, result parsing), "
+            f"MariaDB's the statements and rows.{_profile(s1)} What would break it: "
+            "node-wide rounds with multi-row statements (far fewer statements and transactions "
+            "per task) and fewer rows per state change — PgQueuer's loop is one INSERT and one "
+            "UPDATE a task."
         )
-    if {"s2_p50_ms", "s2_p99_ms"} & set(missed):
+    if {"s1_statements_per_task", "s1_row_writes_per_task", "s1_index_entries_per_task"} & m:
+        text["ledger"] = (
+            f"**S1 ledger.** Per task {_num(pt.get('statements'))} statements, "
+            f"{_num(pt.get('row_writes'), 1)} rows written (most: "
+            f"{top_tables(led, 'rows')}) and {_num(pt.get('index_entries_written'), 1)} "
+            f"secondary-index entries (+{_num(pt.get('index_entries_delete_marked'), 1)} "
+            f"delete-marked; most: {top_tables(led, 'index_written')}). An inserted row "
+            "writes every secondary index of its table, an update each index whose columns "
+            "change. What would break it: one multi-row statement per stage and round, fewer "
+            "indexes on the task table (those containing the state are rewritten at every "
+            "state change), the attempt written once, no delivery row per result and "
+            "subscriber on the happy path."
+        )
+    if {"s2_p50_ms", "s2_p99_ms"} & m:
         hs = _get(raw, "s2", "submit_to_handler_start") or {}
         pq = _get(raw, "peers", "pgqueuer", "latency") or {}
         text["s2"] = (
-            f"**S2 (idle dispatch latency).** p50 {_num(hs.get('p50_ms'), 1)} ms against "
-            f"PgQueuer's {_num(pq.get('p50_ms'), 1)}: the two-step dispatch puts three durable "
-            "transactions in a row on the path (submit, dispatch, start: 5–7 ms each here, "
-            "mostly Python between round trips; a round trip is 0.25 ms, a durable COMMIT "
-            f'0.6 ms; {PERF} "S2: three durable transactions in a row"). What would break '
+            f"**S2 (idle dispatch latency).** p50 {_num(hs.get('p50_ms'), 1)} ms, p99 "
+            f"{_num(hs.get('p99_ms'), 1)} against PgQueuer's {_num(pq.get('p50_ms'), 1)} / "
+            f"{_num(pq.get('p99_ms'), 1)}: the two-step dispatch puts three durable "
+            "transactions in a row on the path (submit, dispatch, start). What would break "
             "it: offering in the submit's own transaction when a session waits and nothing "
-            "older or more urgent is due (the session lock would then come after the usage "
-            "rows: a lock-order change that needs its own design)."
+            "older or more urgent is due (a lock-order change that needs its own design)."
         )
-    if "s3_single_vs_pgqueuer" in missed:
-        text["s3s"] = (
-            f"**S3 (single submits).** {_num(_get(raw, 's3', 'single', 'per_s'), 1)}/s with 16 "
-            "clients: the server's CPU (≈ 2 ms a request: authentication read, the group-"
-            "committed submit transaction with its events and audit, HTTP; "
-            f'{PERF} "Session 4"). What would break it: less work per request (the '
-            "credential read in the submit's transaction, fewer statements per task), or "
-            "more server processes on a machine with cores to spare."
-        )
-    if "s3_batch_per_s" in missed:
-        text["s3b"] = (
-            f"**S3 (batch submits).** {_num(_get(raw, 's3', 'batch', 'per_s'), 0)}/s: per "
-            "1,000-task batch ≈ 100 ms of database time (the task INSERT with nine indexes, "
-            "the events INSERT) and ≈ 60 ms of Python (literals, answer views, encoding), "
-            "with the usage rows held for the whole batch so the two clients take turns "
-            f'({PERF} "Batch submit (S3)"). What would break it: fewer secondary indexes '
-            "written at submit (schema), the answer built without per-item dicts, a C driver."
-        )
-    if "s4_1m_vs_10k" in missed:
+    if "s4_1m_vs_10k" in m:
         levels = _get(raw, "s4", "levels") or {}
         low, high = levels.get("10000") or {}, levels.get("1000000") or {}
         plan = high.get("explain")
         rows = plan[0].get("rows") if isinstance(plan, list) and plan else None
         text["s4"] = (
             f"**S4 (1M backlog).** {_num(high.get('tasks_per_s'), 1)}/s at 1M waiting tasks "
-            f"against {_num(low.get('tasks_per_s'), 1)} at 10k. The dispatch claim still reads "
-            f"{rows if rows is not None else '—'} row(s) by its index at 1M (EXPLAIN), and the "
-            f"server's CPU fell ({_num(low.get('server_cpu_util'))} → "
-            f"{_num(high.get('server_cpu_util'))} cores) while MariaDB's did not "
-            f"({_num(low.get('mariadb_cpu_util'))} → {_num(high.get('mariadb_cpu_util'))}): "
-            "the server waits for MariaDB — likely its default 128 MB buffer pool against the "
-            f"secondary indexes of 1M tasks{_settled(high)} (the ratio moves from run to run, "
-            f'{PERF} "Session 4"). What would break it: a buffer pool sized '
-            "to the working set (a deployment setting; the bench keeps the defaults), fewer "
-            "secondary indexes on `pulse_tasks`."
+            f"against {_num(low.get('tasks_per_s'), 1)} at 10k. The dispatch claim reads "
+            f"{rows if rows is not None else '—'} row(s) by its index at 1M (EXPLAIN); the "
+            f"server's CPU went {_num(low.get('server_cpu_util'))} → "
+            f"{_num(high.get('server_cpu_util'))} cores and MariaDB's "
+            f"{_num(low.get('mariadb_cpu_util'))} → {_num(high.get('mariadb_cpu_util'))}: "
+            "when the server's falls and MariaDB's does not, the server waits for MariaDB — "
+            "its default 128 MB buffer pool against the secondary indexes of 1M tasks"
+            f"{_settled(high)}. What would break it: fewer secondary indexes on the task "
+            "table (a smaller working set), or a buffer pool sized to it (a deployment "
+            "setting; the bench keeps the defaults)."
         )
-    if "s5_100_owners_vs_1" in missed:
+    if {"s5_100_owners_vs_1", "s5_jain_100_owners"} & m:
         one = _get(raw, "s5", "owners_1") or {}
         many = _get(raw, "s5", "owners_100") or {}
-        prof = _get(many, "profile", "top")
-        where = f" Profile: `{_rel(prof)}`." if isinstance(prof, str) else ""
+        lp1 = _get(one, "ledger", "per_task") or {}
+        lp = _get(many, "ledger", "per_task") or {}
+        po = many.get("per_owner_results") or {}
+        work = (
+            f"{_num(lp.get('transactions'))} vs {_num(lp1.get('transactions'))} transactions, "
+            f"{_num(lp.get('statements'))} vs {_num(lp1.get('statements'))} statements, "
+            f"{_num(lp.get('fsyncs'))} vs {_num(lp1.get('fsyncs'))} fsyncs, "
+            if lp and lp1 else ""
+        )  # fmt: skip
         text["s5"] = (
-            f"**S5 (100 owners).** Server CPU per 1,000 tasks "
-            f"{_num(many.get('server_cpu_s_per_1000'), 1)} s with 100 owners against "
-            f"{_num(one.get('server_cpu_s_per_1000'), 1)} with one: an owner is a namespace, "
-            "and the group commits, dispatch groups and subscription streams all run once "
-            f"per namespace, so 100 owners do 100 times the fixed work.{where} What would "
-            "break it: node-level batching across namespaces (one start/report/dispatch "
-            f"transaction for several namespaces), a transaction-boundary change ({PERF} "
-            '"S5: the 100-owner leg is per-namespace work").'
+            f"**S5 (100 owners).** Per task with 100 owners against one: {work}server CPU "
+            f"{_num(many.get('server_cpu_s_per_1000'))} vs {_num(one.get('server_cpu_s_per_1000'))}"
+            f" ms; per-owner results min {po.get('min')}, max {po.get('max')} (Jain "
+            f"{po.get('jain_index')}). The group commits, dispatch groups and subscription "
+            "streams run once per namespace, so 100 owners do 100 times the fixed work, and "
+            f"an owner whose turn is slow falls behind.{_profile(many)} What would break it: "
+            "one transaction per stage and round for all namespaces of a node, rotating by "
+            "application then namespace."
         )
-    order = ["s1", "s2", "s3s", "s3b", "s4", "s5"]
+    if "s5_fairness_key_max_wait" in m:
+        fk = _get(raw, "s5", "fairness_key") or {}
+        w = fk.get("wait_dispatches") or {}
+        text["s5k"] = (
+            f"**S5 fairness key.** A non-flooding subject's task waited up to "
+            f"{_num(w.get('max'), 0)} dispatches (p99 {_num(w.get('p99'), 0)}) behind subject "
+            f"0's flood of {_num(fk.get('flood'), 0)}: dispatch within the queue takes the "
+            "oldest task first whatever its key. What would break it: dispatch that rotates "
+            "across the fairness keys with waiting tasks."
+        )
+    if "s6_rss_mb" in m:
+        text["s6"] = (
+            f"**S6 (memory).** {_num(_get(raw, 's6', 'rss_mb_with_sessions'), 1)} MB with "
+            f"{_get(raw, 's6', 'sessions_connected')} sessions: per-session state held in "
+            "the server."
+        )
+    if {"s7_server_core", "s7_mariadb_core"} & m:
+        s7 = raw.get("s7") or {}
+        rates = s7.get("rates") or {}
+        text["s7"] = (
+            f"**S7 (idle, {s7.get('namespaces')} namespaces).** At rest the server used "
+            f"{_num(s7.get('server_core'), 3)} of a core and MariaDB "
+            f"{_num(s7.get('mariadb_core'), 3)}, running {_num(rates.get('statements_per_s'), 0)} "
+            f"statements and {_num(rates.get('transactions_per_s'), 0)} transactions a second "
+            f"and writing {_num(rates.get('row_writes_per_s'), 0)} rows a second with no "
+            "work: per-namespace, per-session and per-stream loops that poll. What would "
+            "break it: no statement per tick for an idle namespace, session or stream "
+            "(wake-ups on change; heartbeats batched per node)."
+        )
+    if "s8_mb_written" in m:
+        s8 = raw.get("s8") or {}
+        w8 = s8.get("no_consumer") or {}
+        rows = w8.get("rows_by_table") or {}
+        top = ", ".join(f"`{t}` {n:,}" for t, n in list(rows.items())[:3]) or "—"
+        text["s8"] = (
+            f"**S8 (subscription from earliest).** {_num(w8.get('mb_written'), 1)} MB written "
+            f"in {w8.get('window_s')} s with no consumer connected (rows: {top}; PUT answered "
+            f"in {s8.get('put_s')} s): the subscription materialises the backlog as rows. "
+            "What would break it: a cursor or ranges over the stream, with rows only for "
+            "what is in flight."
+        )
+    order = ["s1", "ledger", "s2", "s4", "s5", "s5k", "s6", "s7", "s8"]
     return [text[k] for k in order if k in text]
 
 
 def _settled(level: dict[str, Any]) -> str:
     settle = level.get("settle")
-    if not isinstance(settle, dict):  # runs before the settle step: the flush overlapped
-        return ", and the flushing of the rows inserted just before the window"
+    if not isinstance(settle, dict):
+        return ""
     return (
-        f", after the level waited {settle.get('waited_s')} s for the insert's flush "
-        f"(dirty pages {settle.get('dirty_pages_before')} → {settle.get('dirty_pages_after')})"
+        f" (after the level waited {settle.get('waited_s')} s for the insert's flush, "
+        f"dirty pages {settle.get('dirty_pages_before')} → {settle.get('dirty_pages_after')})"
     )
 
 
 def _rel(path: str) -> str:
-    marker = "/reports/"
-    return path[path.index(marker) + 1 :] if marker in path else path
+    marker = "reports/"
+    return path[path.index(marker) :] if marker in path else path

@@ -25,9 +25,63 @@ import pymysql
 from orbit.storage import DSN
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The database server ``--dsn shared`` means (the box's MariaDB).
 DEFAULT_SERVER_DSN = os.environ.get("ORBIT_BENCH_DSN") or os.environ.get(
     "ORBIT_TEST_DSN", "mysql://root@127.0.0.1:3306/mysql"
 )
+#: Where unpublished runs write (ignored by git); ``--publish`` writes to reports/.
+RUNS_DIR = ROOT / ".orbit" / "bench"
+
+
+@dataclass
+class DbServer:
+    """The MariaDB server this run uses: its URL, its process (for CPU), whether only the
+    bench uses it (its status counters are then the bench's alone) and whether it writes a
+    ROW binary log (the ledger's index entries)."""
+
+    url: str
+    pid: int | None = None
+    exclusive: bool = False
+    binlog: bool = False
+    kind: str = "shared"
+
+    @property
+    def dsn(self) -> DSN:
+        return DSN.parse(self.url)
+
+    def use(self, url: str, *, pid: int | None, exclusive: bool, binlog: bool, kind: str) -> None:
+        """Point the run at another server (in place: modules hold this object)."""
+        self.url, self.pid, self.exclusive, self.binlog, self.kind = (
+            url, pid, exclusive, binlog, kind)  # fmt: skip
+
+
+def server_pid(url: str) -> int | None:
+    """The pid of the server at ``url`` (its pid file, else ``pidof``), when it runs here."""
+    with contextlib.suppress(Exception):
+        conn = pymysql.connect(**DSN.parse(url).connect_kwargs(with_database=False))
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT @@pid_file")
+                return int(Path(str(cur.fetchone()[0])).read_text().strip())
+        finally:
+            conn.close()
+    out = subprocess.run(["pidof", "mariadbd", "mysqld"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    return pids[0] if len(pids) == 1 else None
+
+
+#: Set by ``python -m bench`` before anything runs (bench/run.py).
+DB = DbServer(DEFAULT_SERVER_DSN)
+
+
+def tree_command(tree: Path | None, script: str, module: str) -> list[str]:
+    """How to run the console script ``script`` (``module:main``) of ``tree`` (None: this
+    tree's installed script)."""
+    if tree is None:
+        return [_tool(script)]
+    paths = [str(tree), str(tree / "cmd"), str(tree / "sdk" / "python")]
+    boot = f"import sys; sys.path[:0] = {paths!r}; from {module} import main; sys.exit(main())"
+    return [sys.executable, "-c", boot]
 #: Where ``bench/install-peers`` puts PgQueuer, Procrastinate, py-spy (never the main env).
 PEERS_DIR = Path(os.environ.get("ORBIT_BENCH_PEERS", "/root/.cache/orbit-bench-peers"))
 
@@ -39,6 +93,10 @@ def free_port() -> int:
 
 
 def _tool(name: str) -> str:
+    """A console script: beside this interpreter (a virtualenv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
     found = shutil.which(name)
     return found or name
 
@@ -46,10 +104,13 @@ def _tool(name: str) -> str:
 class ScratchDatabase:
     """``orbit_bench_<hex>`` on the server of ``server_dsn``, dropped by :meth:`drop`."""
 
-    def __init__(self, server_dsn: str = DEFAULT_SERVER_DSN, prefix: str = "orbit_bench") -> None:
-        self.server = DSN.parse(server_dsn)
+    def __init__(self, server_dsn: str | None = None, prefix: str = "orbit_bench",
+                 tree: Path | None = None) -> None:  # fmt: skip
+        self.server = DSN.parse(server_dsn or DB.url)
         self.name = f"{prefix}_{secrets.token_hex(4)}"
         self.dsn = self.server.with_database(self.name)
+        #: Migrate and bootstrap with this checkout's code (None: this tree).
+        self.tree = tree
 
     def url(self) -> str:
         return self.dsn.url(hide_password=False)
@@ -67,7 +128,8 @@ class ScratchDatabase:
     def migrate(self) -> None:
         """``orbit-migrate up`` as an operator would run it."""
         subprocess.run(
-            [_tool("orbit-migrate"), "--dsn", self.url(), "up"],
+            [*tree_command(self.tree, "orbit-migrate", "orbit_cmd.migrate"), "--dsn", self.url(),
+             "up"],
             check=True,
             capture_output=True,
             cwd=ROOT,
@@ -80,7 +142,7 @@ class ScratchDatabase:
         also create applications — S5 creates its owners with it)."""
         out = subprocess.run(
             [
-                _tool("orbit"),
+                *tree_command(self.tree, "orbit", "orbit_cmd.cli"),
                 "admin",
                 "bootstrap",
                 "--application",
@@ -109,8 +171,14 @@ class ScratchDatabase:
             finally:
                 conn.close()
 
-    def connect(self) -> pymysql.connections.Connection:
-        return pymysql.connect(autocommit=True, **self.dsn.connect_kwargs())
+    def connect(self, *, unlogged: bool = False) -> pymysql.connections.Connection:
+        """An autocommit connection; ``unlogged``: its writes stay out of the binary log (the
+        bench's own bulk inserts, which the ledger must not read)."""
+        conn = pymysql.connect(autocommit=True, **self.dsn.connect_kwargs())
+        if unlogged and DB.binlog:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 0")
+        return conn
 
     async def query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         """The rows of one statement on a fresh autocommit connection, run in a thread (the
@@ -171,15 +239,7 @@ class Server:
     async def start(self, limit_s: float = 60.0) -> None:
         env = {**os.environ, **self.env}
         log = open(self.log_path or os.devnull, "ab")  # noqa: SIM115, ASYNC230 - for the child
-        if self.tree is not None:
-            paths = [str(self.tree), str(self.tree / "cmd"), str(self.tree / "sdk" / "python")]
-            boot = (
-                f"import sys; sys.path[:0] = {paths!r}; "
-                "from orbit_cmd.server import main; sys.exit(main())"
-            )
-            cmd = [sys.executable, "-c", boot]
-        else:
-            cmd = [_tool("orbit-server")]
+        cmd = tree_command(self.tree, "orbit-server", "orbit_cmd.server")
         self.proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
             [
                 *cmd,
@@ -301,7 +361,7 @@ def machine() -> dict[str, Any]:
         except Exception:
             versions[mod] = None
     with contextlib.suppress(Exception):
-        conn = pymysql.connect(**DSN.parse(DEFAULT_SERVER_DSN).connect_kwargs())
+        conn = pymysql.connect(**DB.dsn.connect_kwargs(with_database=False))
         with conn.cursor() as cur:
             cur.execute("SELECT VERSION()")
             versions["mariadb"] = cur.fetchone()[0]

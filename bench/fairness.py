@@ -1,7 +1,8 @@
-"""S5, the cost of fairness: S1 with 100 owners vs. the same load from one owner.
+"""S5, the cost of fairness: S1 with 100 owners vs. the same load from one owner, and a
+fairness-key leg (one queue, one subject flooding it, bench/fairness_key.py).
 
-An owner is an application (API.md: a task's owner is the application whose key submitted
-it, and ``{ns}`` is resolved in the key's own application — so every owner has its own
+An owner is an application (a task's owner is the application whose key submitted it, and
+``{ns}`` in a path is resolved in the key's own application — so every owner has its own
 namespace: 100 owners are 100 applications, each with a namespace, a key, a queue of the same
 name, a subscription and a worker session). Both legs have the same shape and the same total
 load; only the number of owners differs:
@@ -32,6 +33,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from bench import ledger
 from bench.env import ScratchDatabase, Server, WorkerProcs, proc_sample
 from bench.lean_http import LeanClient
 from bench.scenarios import (
@@ -61,6 +63,9 @@ class S5Config:
     drain_s: float = 30.0
     #: py-spy the server during each leg's window into ``<profile>-<n>owners`` (.svg, -top.txt)
     profile: str | None = None
+    #: The fairness-key leg: tasks of the flooding subject, and of each other subject.
+    flood: int = 10_000
+    others_each: int = 3
 
 
 @dataclass
@@ -209,13 +214,15 @@ async def leg(
         done0 = await _count_done(db, names, queue)
         s0 = server.sample()
         w0 = [proc_sample(p) for p in workers.pids()]
-        spy = _start_profile(server, _ProfileCfg(cfg.seconds, f"{cfg.profile}-{len(owners)}owners")
+        spy = _start_profile(server, _ProfileCfg(cfg.seconds, _profile_stem(cfg.profile, len(owners)))
                              if cfg.profile else _ProfileCfg(cfg.seconds, None))  # fmt: skip
+        mark = await ledger.current().begin(s0.cpu_s)
         await asyncio.sleep(cfg.seconds)
         w_end = time.time()
         c1 = {ns: r.count for ns, r in results.items()}
-        done1 = await _count_done(db, names, queue)
         s1_ = server.sample()
+        closed = await ledger.current().end(mark, s1_.cpu_s)
+        done1 = await _count_done(db, names, queue)
         w1 = [proc_sample(p) for p in workers.pids()]
         stop.set()
         await asyncio.gather(*producers, return_exceptions=True)
@@ -234,6 +241,7 @@ async def leg(
            if w_start <= t0 <= w_end and tid in arrived]  # fmt: skip
     per_owner = [c1[ns] - c0[ns] for ns in names]
     completed = done1 - done0
+    led = await ledger.current().report(closed, db.name, completed)
     sub_errors = [repr(r.error) for r in results.values() if r.error]
     return {
         "owners": len(owners),
@@ -250,6 +258,7 @@ async def leg(
             sum(b.cpu_s - a.cpu_s for a, b in zip(w0, w1, strict=True)) / window, 3
         ),
         "profile": profile,
+        "ledger": led,
         "per_owner_results": {
             "min": min(per_owner),
             "max": max(per_owner),
@@ -265,15 +274,27 @@ async def leg(
     }
 
 
+def _profile_stem(profile: str | None, owners: int) -> str | None:
+    if not profile:
+        return None
+    return f"{profile}-{'1owner' if owners == 1 else f'{owners}owners'}-server"
+
+
 async def s5(server: Server, admin: Tenant, db: ScratchDatabase, cfg: S5Config | None = None,
              owners: int = 100) -> dict[str, Any]:  # fmt: skip
-    """Both legs, the 1-owner leg first (same session count, same load), each owner a new
-    application made with the global-admin key ``admin``."""
+    """Both owner legs, the 1-owner leg first (same session count, same load), each owner a
+    new application made with the global-admin key ``admin``; then the fairness-key leg."""
+    from bench.fairness_key import fairness_key_leg
+
     cfg = cfg or S5Config()
-    made = await make_owners(server.url, admin.key, owners + 1)  # fresh namespaces for both
-    single, many = made[0], made[1:]
+    made = await make_owners(server.url, admin.key, owners + 2)  # fresh namespaces for all
+    single, many, keyed = made[0], made[1:-1], made[-1]
     one = await leg(server, [single], db, cfg)
     print(f"[bench]   S5 1 owner: {one['tasks_per_s']} tasks/s", flush=True)
     hundred = await leg(server, many, db, cfg)
     print(f"[bench]   S5 {owners} owners: {hundred['tasks_per_s']} tasks/s", flush=True)
-    return {"owners_1": one, f"owners_{owners}": hundred, "config": dict(cfg.__dict__)}
+    fk = await fairness_key_leg(server, keyed, db, flood=cfg.flood, others_each=cfg.others_each)
+    print(f"[bench]   S5 fairness key: {fk.get('wait_dispatches') or fk.get('not_measured')}",
+          flush=True)  # fmt: skip
+    return {"owners_1": one, f"owners_{owners}": hundred, "fairness_key": fk,
+            "config": dict(cfg.__dict__)}  # fmt: skip

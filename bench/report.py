@@ -2,38 +2,38 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
 
-from bench import bottlenecks
+from bench import bottlenecks, output
 
-#: Exactly the keys of issue 9 item 5 (values are numbers, or null when not measured; the
-#: reason is in ``raw``).
-RATIO_KEYS = (
-    "s1_vs_pgqueuer",
-    "s1_vs_db_limit",
-    "s2_p50_ms",
-    "s2_p99_ms",
-    "s3_single_vs_pgqueuer",
-    "s3_batch_per_s",
-    "s4_1m_vs_10k",
-    "s5_100_owners_vs_1",
-    "s6_rss_mb",
-)
-
-TARGETS = {
-    "s1_vs_pgqueuer": ">= 1.0",
-    "s1_vs_db_limit": ">= 0.5",
-    "s2_p50_ms": "<= 10",
-    "s2_p99_ms": "<= 50",
-    "s3_single_vs_pgqueuer": ">= 1.0",
-    "s3_batch_per_s": ">= 20000",
-    "s4_1m_vs_10k": ">= 0.8",
-    "s5_100_owners_vs_1": ">= 0.8",
-    "s6_rss_mb": "< 300",
+#: The targets: key -> (comparison, threshold, what is measured). ``ratios`` in the JSON has
+#: exactly these keys (a number, or null when the figure behind it was not measured — ``raw``
+#: says why).
+TARGET_DEFS: dict[str, tuple[str, float, str]] = {
+    "s1_vs_pgqueuer": (">=", 0.5, "S1 results delivered/s ÷ PgQueuer throughput (same run)"),
+    "s1_vs_baseline": (">=", 2.5, "S1 ÷ S1 of the --baseline-tree checkout (same run)"),
+    "s1_server_cpu_ms": ("<=", 1.0, "S1 server CPU ms per task"),
+    "s1_mariadb_cpu_ms": ("<=", 0.8, "S1 MariaDB CPU ms per task"),
+    "s1_statements_per_task": ("<=", 1.5, "S1 statements per task"),
+    "s1_row_writes_per_task": ("<=", 8, "S1 rows inserted + updated + deleted per task"),
+    "s1_index_entries_per_task": ("<=", 20, "S1 secondary-index entries written per task"),
+    "s5_100_owners_vs_1": (">=", 0.8, "S5 delivered/s, 100 owners ÷ 1 owner"),
+    "s5_jain_100_owners": (">=", 0.9, "S5 Jain's index over the 100 owners' results"),
+    "s5_fairness_key_max_wait": ("<=", 10, "S5 fairness key: most dispatches a non-flooding "
+                                 "subject's task waited"),
+    "s2_p50_ms": ("<=", 10, "S2 idle submit → handler start p50 ms"),
+    "s2_p99_ms": ("<=", 50, "S2 idle submit → handler start p99 ms"),
+    "s4_1m_vs_10k": (">=", 0.8, "S4 delivered/s at 1M backlog ÷ at 10k"),
+    "s6_rss_mb": ("<", 300, "S6 server RSS MB (200 sessions, 1M backlog)"),
+    "s7_server_core": ("<", 0.05, "S7 idle server CPU, cores (1,000 namespaces)"),
+    "s7_mariadb_core": ("<", 0.05, "S7 idle MariaDB CPU, cores (1,000 namespaces)"),
+    "s8_mb_written": ("<", 1.0, "S8 MB MariaDB wrote in 30 s after a subscription from "
+                      "earliest on 1M events"),
 }
+RATIO_KEYS = tuple(TARGET_DEFS)
+TARGETS = {k: f"{op} {v:g}" for k, (op, v, _) in TARGET_DEFS.items()}
 
 
 def _get(d: Any, *path: str) -> Any:
@@ -50,29 +50,43 @@ def _div(a: Any, b: Any) -> float | None:
     return round(a / b, 3)
 
 
+def _mariadb_ms(fig: Any) -> float | None:
+    v = _get(fig, "ledger", "per_task", "mariadb_cpu_ms")
+    if isinstance(v, int | float):
+        return v
+    util, rate = _get(fig, "mariadb_cpu_util"), _get(fig, "completed_per_s")
+    if isinstance(util, int | float) and isinstance(rate, int | float) and rate > 0 and util > 0:
+        return round(util / rate * 1000, 3)
+    return None
+
+
 def ratios(raw: dict[str, Any]) -> dict[str, float | None]:
-    s1 = _get(raw, "s1", "tasks_per_s")
-    pgq_tp = _get(raw, "peers", "pgqueuer", "throughput", "per_s")
-    pgq_one = _get(raw, "peers", "pgqueuer", "enqueue_one_by_one", "per_s")
-    db_batched = _get(raw, "db_limit", "batched", "per_s")
+    s1 = raw.get("s1") or {}
     s4 = _get(raw, "s4", "levels") or {}
-    rss = [
-        _get(raw, "s4", "server_rss_mb_at_1m"),
-        _get(raw, "s6", "rss_mb_with_sessions"),
-    ]
+    rss = [_get(raw, "s4", "server_rss_mb_at_1m"), _get(raw, "s6", "rss_mb_with_sessions")]
     rss_values = [r for r in rss if isinstance(r, int | float)]
+    per_task = _get(s1, "ledger", "per_task") or {}
     return {
-        "s1_vs_pgqueuer": _div(s1, pgq_tp),
-        "s1_vs_db_limit": _div(s1, db_batched),
-        "s2_p50_ms": _get(raw, "s2", "submit_to_handler_start", "p50_ms"),
-        "s2_p99_ms": _get(raw, "s2", "submit_to_handler_start", "p99_ms"),
-        "s3_single_vs_pgqueuer": _div(_get(raw, "s3", "single", "per_s"), pgq_one),
-        "s3_batch_per_s": _get(raw, "s3", "batch", "per_s"),
-        "s4_1m_vs_10k": _div(_get(s4, "1000000", "tasks_per_s"), _get(s4, "10000", "tasks_per_s")),
+        "s1_vs_pgqueuer": _div(s1.get("tasks_per_s"),
+                               _get(raw, "peers", "pgqueuer", "throughput", "per_s")),
+        "s1_vs_baseline": _div(s1.get("tasks_per_s"), _get(raw, "s1_baseline", "tasks_per_s")),
+        "s1_server_cpu_ms": s1.get("server_cpu_s_per_1000"),
+        "s1_mariadb_cpu_ms": _mariadb_ms(s1),
+        "s1_statements_per_task": per_task.get("statements"),
+        "s1_row_writes_per_task": per_task.get("row_writes"),
+        "s1_index_entries_per_task": per_task.get("index_entries_written"),
         "s5_100_owners_vs_1": _div(
             _get(raw, "s5", "owners_100", "tasks_per_s"), _get(raw, "s5", "owners_1", "tasks_per_s")
         ),
+        "s5_jain_100_owners": _get(raw, "s5", "owners_100", "per_owner_results", "jain_index"),
+        "s5_fairness_key_max_wait": _get(raw, "s5", "fairness_key", "wait_dispatches", "max"),
+        "s2_p50_ms": _get(raw, "s2", "submit_to_handler_start", "p50_ms"),
+        "s2_p99_ms": _get(raw, "s2", "submit_to_handler_start", "p99_ms"),
+        "s4_1m_vs_10k": _div(_get(s4, "1000000", "tasks_per_s"), _get(s4, "10000", "tasks_per_s")),
         "s6_rss_mb": max(rss_values) if rss_values else None,
+        "s7_server_core": _get(raw, "s7", "server_core"),
+        "s7_mariadb_core": _get(raw, "s7", "mariadb_core"),
+        "s8_mb_written": _get(raw, "s8", "no_consumer", "mb_written"),
     }
 
 
@@ -90,6 +104,7 @@ def markdown(out: dict[str, Any]) -> str:
     raw = out["raw"]
     r = out["ratios"]
     m = out["machine"]
+    db = out.get("database") or {}
     lines = [
         f"# Orbit bench — {out['started_at']} ({out['mode']})",
         "",
@@ -97,14 +112,24 @@ def markdown(out: dict[str, Any]) -> str:
         f"{m['load_avg']} at start, {m.get('load_avg_end')} at end (a shared box: compare "
         "ratios from the same run, not absolute figures across runs).",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+    ]
+    if db:
+        lines.append(f"Database server: {db.get('description', db.get('kind'))}.")
+    if out.get("commit"):
+        lines.append(f"Code: commit {out['commit']}"
+                     + (f"; baseline {out['baseline_commit']}" if out.get("baseline_commit")
+                        else "") + ".")  # fmt: skip
+    lines += [
         "",
-        "## Targets (ratios from this run)",
+        "## Targets (this run)",
         "",
-        "| key | measured | target |",
-        "| --- | ---: | --- |",
+        "| key | what | measured | target | met |",
+        "| --- | --- | ---: | --- | --- |",
     ]
     for k in RATIO_KEYS:
-        lines.append(f"| `{k}` | {_fmt(r.get(k))} | {TARGETS[k]} |")
+        f = _target_fraction(k, r.get(k))
+        met = "—" if f is None else ("yes" if f >= 1 else "**no**")
+        lines.append(f"| `{k}` | {TARGET_DEFS[k][2]} | {_fmt(r.get(k))} | {TARGETS[k]} | {met} |")
     missed = [k for k in RATIO_KEYS if (f := _target_fraction(k, r.get(k))) is not None and f < 1]
     named = bottlenecks.lines(out, missed)
     if named:
@@ -112,7 +137,88 @@ def markdown(out: dict[str, Any]) -> str:
         for text in named:
             lines += [text, ""]
         lines.pop()
-    lines += [
+    lines += ledger_table(raw)
+    lines += _figures(out)
+    prof = _get(raw, "s1", "profile")
+    if isinstance(prof, dict) and prof.get("svg") and "samples" in prof:
+        lines += ["", "## Profile of the server during S1", ""]
+        lines.append(
+            f"Flame graph `{_rel(prof['svg'])}`, summary `{_rel(prof.get('top', ''))}` "
+            f"({prof.get('samples')} samples). Busiest asyncio tasks:"
+        )
+        lines.append("")
+        for name, share in prof.get("by_task") or []:
+            lines.append(f"- {share:.1%} {name}")
+    if out.get("plots"):
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p}]({p})" for p in out["plots"]]
+    for note in out.get("notes") or []:
+        lines += ["", note]
+    lines += ["", "Raw figures: the JSON file of the same name.", ""]
+    return "\n".join(lines)
+
+
+#: The ledger's columns: (key in ``per_task``, heading).
+LEDGER_COLUMNS = (
+    ("statements", "statements"),
+    ("transactions", "transactions"),
+    ("rows_inserted", "rows inserted"),
+    ("rows_updated", "rows updated"),
+    ("rows_deleted", "rows deleted"),
+    ("index_entries_written", "sec. index entries (+ delete-marked)"),
+    ("fsyncs", "fsyncs"),
+    ("redo_bytes", "redo bytes"),
+    ("server_cpu_ms", "server CPU ms"),
+    ("mariadb_cpu_ms", "MariaDB CPU ms"),
+)
+
+
+def ledger_legs(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    legs = [("S1", _get(raw, "s1", "ledger")), ("S1 baseline", _get(raw, "s1_baseline", "ledger")),
+            ("S5 1 owner", _get(raw, "s5", "owners_1", "ledger")),
+            ("S5 100 owners", _get(raw, "s5", "owners_100", "ledger"))]  # fmt: skip
+    return [(name, led) for name, led in legs if isinstance(led, dict) and led.get("per_task")]
+
+
+def ledger_table(raw: dict[str, Any]) -> list[str]:
+    """The per-task ledger of S1 and the S5 legs, and the tables that wrote the most."""
+    legs = ledger_legs(raw)
+    if not legs:
+        return []
+    out = ["", "## Ledger per task (MariaDB status counters and binary log of the window)", "",
+           "| leg | tasks | " + " | ".join(h for _, h in LEDGER_COLUMNS) + " |",
+           "| --- | ---: | " + " | ".join("---:" for _ in LEDGER_COLUMNS) + " |"]  # fmt: skip
+    for name, led in legs:
+        pt = led["per_task"]
+        cells = []
+        for key, _ in LEDGER_COLUMNS:
+            v = pt.get(key)
+            if key == "index_entries_written" and v is not None:
+                cells.append(f"{_fmt(v)} (+{_fmt(pt.get('index_entries_delete_marked'))})")
+            elif key == "redo_bytes" and v is not None:
+                cells.append(f"{v:,.0f}")
+            else:
+                cells.append("not measured" if v is None else _fmt(v))
+        out.append(f"| {name} | {led.get('tasks', '—'):,} | " + " | ".join(cells) + " |")
+    for name, led in legs:
+        tables = led.get("per_table") or {}
+        n = led.get("tasks") or 0
+        if tables and n:
+            parts = [
+                f"`{t}` {v['inserted'] / n:.2f} ins / {v['updated'] / n:.2f} upd"
+                + (f" / {v['deleted'] / n:.2f} del" if v["deleted"] else "")
+                + f", {v['index_written'] / n:.1f} idx"
+                for t, v in list(tables.items())[:8]
+            ]
+            out += ["", f"{name} per task by table: " + "; ".join(parts) + "."]
+        for note in led.get("notes") or []:
+            out += ["", f"{name}: {note}."]
+    return out
+
+
+def _figures(out: dict[str, Any]) -> list[str]:
+    raw = out["raw"]
+    lines = [
         "",
         "## Figures",
         "",
@@ -141,6 +247,12 @@ def markdown(out: dict[str, Any]) -> str:
     row(
         f"| S1 end to end (results delivered/s) | {_fmt(s1.get('tasks_per_s'))} | {base} | {load('S1')} |"
     )
+    sb = raw.get("s1_baseline") or {}
+    if sb.get("tasks_per_s") is not None:
+        row(
+            f"| S1 of the baseline tree (delivered/s) | {_fmt(sb.get('tasks_per_s'))} | server "
+            f"CPU s/1,000 {_fmt(sb.get('server_cpu_s_per_1000'))} | {load('S1 baseline')} |"
+        )
     row(
         f"| S1 completed/s (tasks SUCCEEDED) | {_fmt(s1.get('completed_per_s'))} | | {load('S1')} |"
     )
@@ -164,13 +276,14 @@ def markdown(out: dict[str, Any]) -> str:
         f"{_fmt(pq_lat.get('p99_ms'))} | {load('S2')} |"
     )
     s3 = raw.get("s3") or {}
-    row(
-        f"| S3 single submit/s (16 clients) | {_fmt(_get(s3, 'single', 'per_s'))} | PgQueuer "
-        f"one-by-one enqueue {_fmt(_get(pq, 'enqueue_one_by_one', 'per_s'))}/s | {load('S3')} |"
-    )
-    row(
-        f"| S3 batch submit/s | {_fmt(_get(s3, 'batch', 'per_s'))} | DB batched insert | {load('S3')} |"
-    )
+    if s3:
+        row(
+            f"| S3 single submit/s (16 clients) | {_fmt(_get(s3, 'single', 'per_s'))} | PgQueuer "
+            f"one-by-one enqueue {_fmt(_get(pq, 'enqueue_one_by_one', 'per_s'))}/s | {load('S3')} |"
+        )
+        row(
+            f"| S3 batch submit/s | {_fmt(_get(s3, 'batch', 'per_s'))} | DB batched insert | {load('S3')} |"
+        )
     for level, fig in (_get(raw, "s4", "levels") or {}).items():
         la = fig.get("load_avg") or ["—"]
         row(
@@ -193,6 +306,21 @@ def markdown(out: dict[str, Any]) -> str:
                 f"{_fmt(fig.get('server_cpu_s_per_1000'))}; per-owner results min/max "
                 f"{po.get('min')}/{po.get('max')}, Jain {po.get('jain_index')} | {la[0]} |"
             )
+    fk = _get(raw, "s5", "fairness_key")
+    if isinstance(fk, dict):
+        w = fk.get("wait_dispatches") or {}
+        if fk.get("not_measured"):
+            row(f"| S5 fairness key: dispatches a non-flooding subject's task waited | not "
+                f"measured | {fk['not_measured']} | {load('S5')} |")  # fmt: skip
+        elif w:
+            row(
+                f"| S5 fairness key: dispatches a non-flooding subject's task waited, max / p99 "
+                f"/ p50 | {_fmt(w.get('max'))} / {_fmt(w.get('p99'))} / {_fmt(w.get('p50'))} | "
+                f"{w.get('tasks')} tasks of 99 subjects while subject 0's flood of "
+                f"{_fmt(fk.get('flood'))} waited ({_fmt(fk.get('flood_left_when_others_began'))}"
+                f" → {_fmt(fk.get('flood_left_when_others_ended'))} left); never started "
+                f"{w.get('never_started')} | {load('S5')} |"
+            )
     s6 = raw.get("s6") or {}
     if s6.get("rss_mb_with_sessions") is not None:
         row(
@@ -200,6 +328,31 @@ def markdown(out: dict[str, Any]) -> str:
             f"{_fmt(s6.get('rss_mb_with_sessions'))} MB | before they connected "
             f"{_fmt(s6.get('rss_mb_before'))} MB | {load('S6')} |"
         )
+    s7 = raw.get("s7") or {}
+    if s7.get("server_core") is not None:
+        rates = s7.get("rates") or {}
+        row(
+            f"| S7 idle, {s7.get('namespaces')} namespaces (a session and a stream each): "
+            f"server / MariaDB cores | {_fmt(s7.get('server_core'))} / "
+            f"{_fmt(s7.get('mariadb_core'))} | {_fmt(rates.get('statements_per_s'))} "
+            f"statements/s, {_fmt(rates.get('transactions_per_s'))} transactions/s, "
+            f"{_fmt(rates.get('row_writes_per_s'))} rows written/s; server RSS "
+            f"{_fmt(s7.get('server_rss_mb'))} MB | {load('S7')} |"
+        )
+    s8 = raw.get("s8") or {}
+    for key, title in (("no_consumer", "no consumer"), ("one_consumer", "one consumer")):
+        w8 = s8.get(key)
+        if isinstance(w8, dict):
+            extra = f"; {w8.get('received')} deliveries received" if key == "one_consumer" else ""
+            rows = w8.get("rows_by_table") or {}
+            top = ", ".join(f"`{t}` {n:,}" for t, n in list(rows.items())[:3])
+            row(
+                f"| S8 subscription from earliest on {_fmt(s8.get('events'))} events, "
+                f"{w8.get('window_s'):g} s, {title}: MB written | {_fmt(w8.get('mb_written'))} | "
+                f"Handler_write {_fmt(w8.get('Handler_write'))}, redo "
+                f"{_fmt(w8.get('Innodb_os_log_written'))} B, data "
+                f"{_fmt(w8.get('Innodb_data_written'))} B; rows {top or '—'}{extra} | {load('S8')} |"
+            )
     for name, peer in (raw.get("peers") or {}).items():
         if isinstance(peer, dict):
             for k, v in peer.items():
@@ -207,29 +360,17 @@ def markdown(out: dict[str, Any]) -> str:
                     row(f"| peer {name} {k} | {_fmt(v['per_s'])}/s | | {load('peers')} |")
                 elif k in ("not_measured", "error"):
                     row(f"| peer {name} | not measured | {v} | |")
-    prof = s1.get("profile")
-    if isinstance(prof, dict) and prof.get("svg") and "samples" in prof:
-        lines += ["", "## Profile of the server during S1", ""]
-        lines.append(
-            f"Flame graph `{_rel(prof['svg'])}`, summary `{_rel(prof.get('top', ''))}` "
-            f"({prof.get('samples')} samples). Busiest asyncio tasks:"
-        )
-        lines.append("")
-        for name, share in prof.get("by_task") or []:
-            lines.append(f"- {share:.1%} {name}")
-    if out.get("plots"):
-        lines += ["", "## Plots", ""]
-        lines += [f"![{p}]({p})" for p in out["plots"]]
-    for note in out.get("notes") or []:
-        lines += ["", note]
-    lines += ["", "Raw figures: the JSON file of the same name.", ""]
-    return "\n".join(lines)
+    for key in ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s1_baseline", "db_limit"):
+        err = _get(raw, key, "error")
+        if err:
+            row(f"| {key.upper()} | failed | {err} | |")
+    return lines
 
 
 def _rel(path: str) -> str:
     """``path`` relative to the repository (reports/…) when it is inside it."""
-    marker = "/reports/"
-    return path[path.index(marker) + 1 :] if marker in path else path
+    marker = "reports/"
+    return path[path.index(marker) :] if marker in path else path
 
 
 def _settle_note(settle: Any) -> str:
@@ -249,13 +390,11 @@ def _explain_note(plan: Any) -> str:
     return f"{p.get('type')} on `{p.get('key')}`, rows {p.get('rows')}"
 
 
-def write(out: dict[str, Any], out_dir: Path, label: str) -> list[Path]:
+def write(out: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
     """``<stem>.json``, ``<stem>.md`` and the PNG plots (``<stem>-*.png``, when matplotlib
     is installed: ``pip install -e '.[bench]'``; without it, or when a plot fails, the run
-    goes on and the summary says so)."""
+    goes on and the summary says so) in ``out_dir``, without machine paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
-    stem = f"{stamp}-{label}" if label else stamp
     jpath = out_dir / f"{stem}.json"
     mpath = out_dir / f"{stem}.md"
     plots: list[Path] = []
@@ -271,18 +410,24 @@ def write(out: dict[str, Any], out_dir: Path, label: str) -> list[Path]:
         except Exception as exc:  # a plot must never fail the run
             out.setdefault("notes", []).append(f"Plots failed: {type(exc).__name__}: {exc}")
     out["plots"] = [p.name for p in plots]
-    jpath.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-    mpath.write_text(markdown(out), encoding="utf-8")
+    clean = output.scrub_obj(out)
+    jpath.write_text(json.dumps(clean, indent=2, default=str) + "\n", encoding="utf-8")
+    mpath.write_text(output.scrub(markdown(clean)), encoding="utf-8")
     return [jpath, mpath, *plots]
 
 
 def _target_fraction(key: str, value: Any) -> float | None:
-    """How far ``value`` is toward its target: 1.0 = met exactly, above 1 = met with room."""
-    if not isinstance(value, int | float) or value <= 0:
+    """How far ``value`` is toward its target: 1.0 = met exactly, above 1 = met with room
+    (a lower-is-better figure of 0 counts as 100: met)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return None
-    op, _, num = TARGETS[key].partition(" ")
-    target = float(num)
-    return value / target if op == ">=" else target / value
+    op, target, _ = TARGET_DEFS[key]
+    if op.startswith(">"):
+        return value / target if value > 0 else None
+    if value <= 0:
+        return 100.0
+    frac = target / value
+    return frac if op == "<=" or value < target else min(frac, 0.999)
 
 
 def _plots(out: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
@@ -328,7 +473,7 @@ def _plots(out: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
         for bar, text in zip(bars, labels, strict=True):
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text,
                     va="center", fontsize=8)  # fmt: skip
-        ax.set_title("Issue 9 targets: ratio of each figure to its target (same run)")
+        ax.set_title("Targets: each figure against its target (same run)")
         save(fig, "ratios")
 
     # 2. S1 (and S5) throughput next to the same run's baselines

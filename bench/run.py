@@ -1,11 +1,14 @@
-"""``python -m bench [--quick] [--only S1,S2,...] [--label NAME]``: run the suite and write
-``reports/bench/<date>[-label].json`` and ``.md`` (+ PNG plots when matplotlib is
-installed).
+"""``python -m bench [--quick] [--only S1,S2,...] [--publish]``: run the suite; write its
+report (JSON, markdown, PNG plots when matplotlib is installed) to ``.orbit/bench/``, or
+with ``--publish`` to ``reports/bench/<name>.*`` plus one line in
+``reports/bench/history.jsonl``.
 
-Full run (default, a few minutes): DB-limit baselines, peers (when installed, see
-bench/README.md), S1, S2, S3, S4 (10k / 100k / 1M backlog), S5 (100 owners vs 1), S6.
-``--quick`` (CI's regression guard, < 60 s): S1 and S2 short plus a short DB-limit; prints
-the ratios and never fails on timing (exit 0 unless the suite itself broke).
+Full run (default): DB-limit baselines, peers (when installed, see bench/README.md), S1
+(with ``--baseline-tree``: S1 of that checkout too), S2, S3, S5 (1 vs 100 owners, fairness
+key), S4 (10k / 100k / 1M backlog), S6, S8, S7. ``--quick`` (CI's regression guard, about
+a minute): a short DB limit, S1 and S2; prints the ratios and never fails on timing (exit 0
+unless the suite itself broke). Everything runs on the bench's own MariaDB (bench/mariadb.py)
+unless ``--dsn`` names another server.
 """
 
 from __future__ import annotations
@@ -22,9 +25,19 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import dblimit, fairness, peers, report
-from bench.env import ROOT, ScratchDatabase, Server, machine
+from bench import dblimit, fairness, idle, output, peers, report
+from bench.env import (
+    DB,
+    DEFAULT_SERVER_DSN,
+    ROOT,
+    RUNS_DIR,
+    ScratchDatabase,
+    Server,
+    machine,
+    server_pid,
+)
 from bench.fairness import S5Config
+from bench.mariadb import PrivateMariaDB
 from bench.scenarios import (
     S1Config,
     Tenant,
@@ -37,21 +50,34 @@ from bench.scenarios import (
 )
 from bench.subscriber_leg import subscriber_leg
 
-ALL = ("DB", "PEERS", "S1", "S2", "S3", "S4", "S5", "S6")
+ALL = ("DB", "PEERS", "S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8")
 QUICK = ("DB", "S1", "S2")
+REPORTS = ROOT / "reports" / "bench"
+PROFILES = ROOT / "reports" / "profiles"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="S1+S2 short (< 60 s), for CI")
+    p.add_argument("--quick", action="store_true", help="DB limit + S1 + S2 short, for CI")
     p.add_argument("--only", default=None, help=f"comma list of {','.join(ALL)}")
-    p.add_argument("--label", default="", help="suffix of the report file names")
-    p.add_argument("--out-dir", default=str(ROOT / "reports" / "bench"))
+    p.add_argument("--publish", action="store_true",
+                   help="write reports/bench/<name>.* (+ profiles) and append to "
+                   "reports/bench/history.jsonl; without it the run writes to .orbit/bench/")  # fmt: skip
+    p.add_argument("--label", default="", help="suffix of an unpublished run's file names")
+    p.add_argument("--out-dir", default=None, help="where an unpublished run writes")
     p.add_argument("--s1-seconds", type=float, default=None)
     p.add_argument("--no-write", action="store_true", help="print only")
-    p.add_argument("--profile", action="store_true", help="py-spy the server during S1")
-    p.add_argument("--profile-dir", default=str(ROOT / "reports" / "profiles"),
-                   help="where --profile writes s1-<label>.svg and s1-<label>-top.txt")  # fmt: skip
+    p.add_argument("--profile", action="store_true", help="py-spy the server during S1 and S5")
+    p.add_argument(
+        "--dsn",
+        default="private",
+        help="the database server: 'private' (default: the bench's own mariadbd, see "
+        "bench/mariadb.py), 'shared' (ORBIT_BENCH_DSN / ORBIT_TEST_DSN / 127.0.0.1:3306), or "
+        "a mysql:// URL; on another server than the bench's own, the ledger's counters "
+        "include other clients' work and its index entries are not measured",
+    )
+    p.add_argument("--no-binlog", action="store_true",
+                   help="the bench's own MariaDB without its binary log (no index entries)")  # fmt: skip
     p.add_argument(
         "--driver",
         default=None,
@@ -62,10 +88,43 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--server-tree",
         default=None,
-        help="serve (and run workers from) another checkout, e.g. a copy of the tree before "
-        "a change, for a side-by-side run on the same machine state",
+        help="serve another checkout (its server, migrations and bootstrap; the workers and "
+        "clients stay this tree's SDK)",
+    )
+    p.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="also run S1 on this checkout (its own scratch database, migrated by it) right "
+        "after S1: the s1_vs_baseline ratio (e.g. `git worktree add /tmp/orbit-main main`)",
     )
     return p.parse_args(argv)
+
+
+async def _database(args: argparse.Namespace) -> tuple[PrivateMariaDB | None, dict[str, Any]]:
+    """Point bench.env.DB at the run's database server; (the private instance, its
+    description)."""
+    if args.dsn == "private":
+        inst = PrivateMariaDB(RUNS_DIR / "mariadb", binlog=not args.no_binlog)
+        try:
+            await inst.start()
+        except Exception as exc:
+            await inst.stop()
+            url = DEFAULT_SERVER_DSN
+            DB.use(url, pid=server_pid(url), exclusive=False, binlog=False, kind="shared")
+            return None, {"kind": "shared", "description": f"the shared server at "
+                          f"{DB.dsn.host}:{DB.dsn.port} (the bench's own MariaDB could not "
+                          f"start: {exc})"}  # fmt: skip
+        DB.use(inst.dsn.url(hide_password=False), pid=inst.pid, exclusive=True,
+               binlog=inst.binlog, kind="private")  # fmt: skip
+        log = "binary log ROW (NOBLOB) for the ledger" if inst.binlog else "no binary log"
+        return inst, {"kind": "private", "version": inst.version, "description":
+                      f"the bench's own MariaDB {inst.version} (mariadbd --no-defaults with "
+                      f"utf8mb4 and no name resolution, compiled-in defaults otherwise; {log}), "
+                      "fresh data folder, nothing else connected"}  # fmt: skip
+    url = DEFAULT_SERVER_DSN if args.dsn == "shared" else args.dsn
+    DB.use(url, pid=server_pid(url), exclusive=False, binlog=False, kind="shared")
+    return None, {"kind": "shared", "description": f"the server at {DB.dsn.host}:{DB.dsn.port}, "
+                  "shared with other clients (the ledger's counters include their work)"}  # fmt: skip
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,25 +135,27 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "full",
-        "machine": machine(),
         "raw": {},
         "load_by_step": {},
         "notes": [],
     }
     raw = out["raw"]
-    db = ScratchDatabase()
-    db.create()
+    instance, out["database"] = await _database(args)
+    out["machine"] = machine()
+    tree = args.server_tree_path
+    out["commit"] = output.commit(tree)
+    db = ScratchDatabase(tree=tree)
     server: Server | None = None
+    log_dir = Path(tempfile.gettempdir()) / "orbit-bench-logs"  # the servers' stderr
+    driver = args.driver or os.environ.get("ORBIT_DB_DRIVER") or "aiomysql"
+    server_env = {"ORBIT_DB_DRIVER": driver}
     try:
-        db.migrate()
-        boot = db.bootstrap("bench", "bench", global_admin=True)  # S5 makes owners
-        log_dir = Path(tempfile.gettempdir()) / "orbit-bench-logs"  # the server's stderr
+        await asyncio.to_thread(db.create)
         await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
-        tree = args.server_tree_path
-        driver = args.driver or os.environ.get("ORBIT_DB_DRIVER") or "aiomysql"
-        server = Server(db.url(), log_path=log_dir / "server.log", tree=tree,
-                        env={"ORBIT_DB_DRIVER": driver})  # fmt: skip
-        out["server_tree"] = str(tree or ROOT)
+        await asyncio.to_thread(db.migrate)
+        boot = await asyncio.to_thread(db.bootstrap, "bench", "bench", True)  # S5 makes owners
+        server = Server(db.url(), log_path=log_dir / "server.log", tree=tree, env=server_env)
+        out["server_tree"] = "another checkout (--server-tree)" if tree else "this checkout"
         out["db_driver"] = driver
         await server.start()
         t = Tenant(server.url, boot["key"], boot["namespace"], boot["application_id"])
@@ -121,20 +182,20 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         if "S2" in want:
             raw["s2"] = await step("S2", s2(server, t, n=30 if quick else 200))
         if "S1" in want:
-            cfg = S1Config(seconds=20.0, warmup=4.0)
-            if quick:
-                cfg = S1Config(seconds=6.0, warmup=2.0, max_outstanding=300, drain_s=5.0)
-            if args.s1_seconds:
-                cfg.seconds = args.s1_seconds
+            cfg = _s1_config(args, quick)
             if args.profile:
-                cfg.profile = str(Path(args.profile_dir) / f"s1-{args.label or 'run'}")
+                cfg.profile = str(args.profile_stem("s1-server"))
             raw["s1"] = await step("S1", s1(server, t, db, cfg))
+            if args.baseline_tree:
+                raw["s1_baseline"] = await step("S1 baseline", _s1_baseline(args, quick, log_dir,
+                                                                            server_env))  # fmt: skip
+                out["baseline_commit"] = output.commit(Path(args.baseline_tree))
         if "S3" in want:
             raw["s3"] = await step("S3", s3(t, 4.0 if quick else 8.0))
         if "S5" in want:  # before S4: S4 leaves a 1M backlog behind
             s5cfg = S5Config(seconds=6.0, warmup=2.0, drain_s=10.0) if quick else S5Config()
             if args.profile:
-                s5cfg.profile = str(Path(args.profile_dir) / f"s5-{args.label or 'run'}")
+                s5cfg.profile = str(args.profile_stem("s5"))
             raw["s5"] = await step("S5", fairness.s5(server, t, db, s5cfg))
         if "S4" in want:
             raw["s4"] = await step("S4", _s4(server, t, db))
@@ -142,14 +203,39 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             raw["s6"] = await step("S6", _s6(server, t, db))
         if server.proc is not None:
             raw["server_final_rss_mb"] = round(server.sample().rss_kb / 1024, 1)
+        await server.stop()
+        if "S8" in want:
+            raw["s8"] = await step("S8", idle.s8(log_path=log_dir / "server-s8.log", tree=tree))
+        if "S7" in want:
+            raw["s7"] = await step("S7", idle.s7(log_path=log_dir / "server-s7.log", tree=tree,
+                                                 window_s=10.0 if quick else 30.0))  # fmt: skip
     finally:
         if server is not None:
             await server.stop()
-        db.drop()
+        await asyncio.to_thread(db.drop)
+        if instance is not None:
+            await instance.stop()
     out["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     out["machine"]["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     out["ratios"] = report.ratios(raw)
     return out
+
+
+def _s1_config(args: argparse.Namespace, quick: bool) -> S1Config:
+    cfg = S1Config(seconds=20.0, warmup=4.0)
+    if quick:
+        cfg = S1Config(seconds=6.0, warmup=2.0, max_outstanding=300, drain_s=5.0)
+    if args.s1_seconds:
+        cfg.seconds = args.s1_seconds
+    return cfg
+
+
+async def _s1_baseline(args: argparse.Namespace, quick: bool, log_dir: Path,
+                       env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """S1 on the ``--baseline-tree`` checkout: its own scratch database and server."""
+    tree = args.baseline_tree_path
+    async with idle.fresh_stack(log_dir / "server-baseline.log", tree, env) as (db, server, t):
+        return await s1(server, t, db, _s1_config(args, quick))
 
 
 async def _s4(server: Server, t: Tenant, db: ScratchDatabase) -> dict[str, Any]:
@@ -229,15 +315,37 @@ async def _connected_sessions(db: ScratchDatabase) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     args.server_tree_path = Path(args.server_tree).resolve() if args.server_tree else None
+    args.baseline_tree_path = Path(args.baseline_tree).resolve() if args.baseline_tree else None
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    name = output.run_name("quick" if args.quick else "full", only)
+    stamp = dt.datetime.now().strftime("%Y-%m-%dT%H%M")
+    stem = name if args.publish else f"{stamp}-{args.label or name}"
+    out_dir = REPORTS if args.publish else Path(args.out_dir or RUNS_DIR)
+    prof_dir = PROFILES if args.publish else out_dir / f"{stem}-profiles"
+    args.profile_stem = lambda part: prof_dir / part
     out = asyncio.run(_run(args))
-    text = report.markdown(out)
-    print(text)
+    for fig in _profiles(out):
+        for key in ("svg", "top"):
+            if isinstance(fig.get(key), str):
+                output.scrub_file(Path(fig[key]))
+    text = report.markdown(output.scrub_obj(out))
+    print(output.scrub(text))
     print("ratios: " + json.dumps(out["ratios"]))
     if not args.no_write:
-        paths = report.write(out, Path(args.out_dir), args.label or out["mode"])
+        paths = report.write(out, out_dir, stem)
+        if args.publish:
+            output.append_history(REPORTS / "history.jsonl", output.history_line(out, name))
+            paths.append(REPORTS / "history.jsonl")
         for p in paths:
-            print(f"wrote {p}")
+            print(f"wrote {output.scrub(str(p))}")
     return 0
+
+
+def _profiles(out: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = out.get("raw") or {}
+    found = [report._get(raw, "s1", "profile"), report._get(raw, "s5", "owners_1", "profile"),
+             report._get(raw, "s5", "owners_100", "profile")]  # fmt: skip
+    return [f for f in found if isinstance(f, dict)]
 
 
 if __name__ == "__main__":

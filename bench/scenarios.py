@@ -1,4 +1,5 @@
-"""Scenarios S1–S6 (issue 9) against the real server process.
+"""Scenarios S1–S4 against the real server process (S5 is bench/fairness.py, S6–S8
+bench/run.py and bench/idle.py).
 
 Producers in this (driver) process POST pre-encoded bodies with a lean keep-alive client
 (``bench/lean_http.py``; httpx for setup calls), results come through the SDK's
@@ -28,7 +29,8 @@ from typing import Any
 import httpx
 import msgspec
 
-from bench.env import PEERS_DIR, ScratchDatabase, Server, WorkerProcs, proc_sample
+from bench import ledger
+from bench.env import DB, PEERS_DIR, ScratchDatabase, Server, WorkerProcs, proc_sample
 from bench.lean_http import LeanClient
 
 _ENC = msgspec.json.Encoder()
@@ -172,6 +174,8 @@ class S1Config:
     #: Record the server with py-spy during the window into this stem (.svg flame graph and
     #: .txt of collapsed stacks), when py-spy is available.
     profile: str | None = None
+    #: Read the work-per-task ledger of the window (bench/ledger.py).
+    ledger: bool = True
 
 
 async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
@@ -251,11 +255,13 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         m0 = [proc_sample(p) for p in mpids]
         d0 = _self_cpu()
         spy = _start_profile(server, cfg)
+        mark = await ledger.current().begin(s0.cpu_s) if cfg.ledger else None
         await asyncio.sleep(cfg.seconds)
         w_end = time.time()
         c1 = results.count
-        done1 = await count_state(db, t.namespace, queue, "SUCCEEDED")
         s1_ = server.sample()
+        closed = await ledger.current().end(mark, s1_.cpu_s) if mark is not None else None
+        done1 = await count_state(db, t.namespace, queue, "SUCCEEDED")
         w1 = [proc_sample(p) for p in pids]
         m1 = [proc_sample(p) for p in mpids]
         d1 = _self_cpu()
@@ -277,6 +283,7 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
     ]
     delivered = c1 - c0
     completed = done1 - done0
+    led = await ledger.current().report(closed, db.name, completed) if closed else None
     return {
         "config": {k: v for k, v in cfg.__dict__.items()},
         "window_s": round(window, 2),
@@ -296,6 +303,7 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "left_outstanding": outstanding(),
         "group_commit": metrics,
+        "ledger": led,
         "profile": profile,
         "errors": errors[:5],
         "n_errors": len(errors),
@@ -305,8 +313,8 @@ async def s1(server: Server, t: Tenant, db: ScratchDatabase, cfg: S1Config,
 
 
 def _mariadb_pids() -> list[int]:
-    out = subprocess.run(["pidof", "mariadbd", "mysqld"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    """The database server's process (this run's, bench.env.DB), when it runs here."""
+    return [DB.pid] if DB.pid else []
 
 
 def _self_cpu() -> float:
@@ -593,7 +601,7 @@ async def add_backlog(db: ScratchDatabase, t: Tenant, queue: str, n: int) -> flo
 
     def insert() -> float:
         began = time.monotonic()
-        conn = db.connect()
+        conn = db.connect(unlogged=True)
         try:
             with conn.cursor() as cur:
                 cur.execute(

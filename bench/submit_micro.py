@@ -203,6 +203,10 @@ def main(argv: list[str] | None = None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(profiler.output_html())
         out.with_suffix(".txt").write_text(profiler.output_text(unicode=False, color=False, show_all=True))
+        from bench.output import scrub_file
+
+        scrub_file(out)  # no machine paths in what is written
+        scrub_file(out.with_suffix(".txt"))
         print(f"profile: {out}")
     else:
         asyncio.run(_run(args))
