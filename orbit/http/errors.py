@@ -37,7 +37,7 @@ from orbit.storage import (
     StorageError,
     TransientExhausted,
 )
-from orbit.storage.errors import CHECK_VIOLATED
+from orbit.storage.errors import CHECK_VIOLATED, NODE_NOT_READY
 
 log = logging.getLogger("orbit.http")
 
@@ -163,24 +163,38 @@ async def handle_http_exception(conn: HTTPConnection, exc: Exception) -> Respons
 
 async def handle_driver_error(conn: HTTPConnection, exc: Exception) -> Response | None:
     """A CHECK violation (4025 MariaDB / 3819 MySQL) is bad input that slipped past the
-    service's validation: 400. Any other driver error is re-raised (500, logged)."""
+    service's validation: 400. A database that refuses to serve for now (:func:`driver_not_ready`)
+    is a 503. Any other driver error is re-raised (500, logged)."""
     args = getattr(exc, "args", ())
-    if args and args[0] in CONNECTION_LIMITS:
-        # The database refused a new connection (max_user_connections / max_connections):
-        # shed the request like an exhausted pool instead of a 500 (tests/reliability/
-        # test_max_user_connections.py).
-        return await handle_orbit_error(
-            conn,
-            NotReady(
-                "the database refused a connection, retry", retry_after=1, reason="connection_limit"
-            ),
-        )
+    busy = driver_not_ready(exc)
+    if busy is not None:
+        return await handle_orbit_error(conn, busy)
     if args and args[0] in CHECK_VIOLATED:
         detail = str(args[1])[:200] if len(args) > 1 else ""
         return await handle_orbit_error(
             conn, InvalidRequest("the request violates a constraint", constraint=detail)
         )
     raise exc
+
+
+def driver_not_ready(exc: BaseException) -> NotReady | None:
+    """The 503 for a driver error that means "this database will not serve right now", else
+    None: a refused new connection (max_user_connections / max_connections: shed like an
+    exhausted pool; tests/reliability/test_max_user_connections.py), or a Galera node outside
+    the primary component (1047: partitioned away or lost quorum — it refuses every query
+    until it rejoins; tests/cluster/)."""
+    args = getattr(exc, "args", ())
+    if args and args[0] in CONNECTION_LIMITS:
+        return NotReady(
+            "the database refused a connection, retry", retry_after=1, reason="connection_limit"
+        )
+    if args and args[0] == NODE_NOT_READY:
+        return NotReady(
+            "the database node is not part of its cluster's primary component, retry",
+            retry_after=1,
+            reason="cluster_not_primary",
+        )
+    return None
 
 
 #: MySQL/MariaDB refusals of a new connection: 1040 max_connections, 1203 the global

@@ -112,6 +112,12 @@ def register_platform_metrics(ctx: AppContext) -> None:
     retries = reg.counter(
         "orbit_db_transaction_retries_total", "Transactions retried, by MySQL error code", ("code",)
     )
+    kinds = reg.counter(
+        "orbit_db_transaction_retries_by_kind_total",
+        "Transactions retried, by kind: deadlock, certification (1213 at COMMIT, a Galera "
+        "certification failure), lock_wait_timeout, snapshot, connection",
+        ("kind",),
+    )
     exhausted = reg.counter(
         "orbit_db_retries_exhausted_total", "Transactions that ran out of retries"
     )
@@ -125,6 +131,8 @@ def register_platform_metrics(ctx: AppContext) -> None:
         rollbacks.set_total(s.rollbacks)
         for code, n in s.retries.items():
             retries.set_total(n, code=str(code))
+        for kind, n in s.retry_kinds.items():
+            kinds.set_total(n, kind=kind)
         exhausted.set_total(s.exhausted)
         unknown.set_total(s.outcome_unknown)
         size, free, maxsize = ctx.db.pool_usage()

@@ -9,7 +9,8 @@ MigrateError                 exit 1 unless noted
  ├── MigrationFailed                 a statement failed; a dirty mark was recorded
  ├── UsageError              exit 2  arguments that cannot work (missing password, …)
  │    └── RepairRefused      exit 2  ``repair`` arguments do not match the database's state
- └── LockTimeout             exit 3  another ``up``/``repair`` held the named lock too long
+ ├── LockTimeout             exit 3  another ``up``/``repair`` held the named lock too long
+ └── LockLost                exit 3  a Galera run could not renew its cluster-wide lease
 
 These are operator-facing (the CLI prints them); they never reach an HTTP client, so they do
 not derive from :class:`orbit.errors.OrbitError`.
@@ -122,3 +123,16 @@ class LockTimeout(MigrateError):
         super().__init__(f"named lock {lock!r} still held by another run after {seconds:g} s")
         self.lock = lock
         self.seconds = seconds
+
+
+class LockLost(MigrateError):
+    """The cluster-wide lease (Galera) expired or was taken over during the run: the run
+    stopped before its next statement (a ``running`` mark stays; ``status`` shows it
+    ``interrupted`` and ``repair`` resolves it)."""
+
+    exit_code = 3
+
+    def __init__(self, lock: str, reason: str) -> None:
+        super().__init__(f"lost the cluster lock {lock!r}: {reason}; stopped before the next statement")
+        self.lock = lock
+        self.reason = reason

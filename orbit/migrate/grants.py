@@ -49,8 +49,9 @@ def runtime_grants(dsn: DSN | str, user: str, host: str = "%") -> GrantPlan:
     finally:
         conn.close()
     orbit = [t for t in tables if t.startswith(ORBIT_TABLE_PREFIXES)]
-    booked = [t for t in orbit if t in store.BOOKKEEPING_TABLES]
-    dml = [t for t in orbit if t not in store.BOOKKEEPING_TABLES]
+    read_only = (*store.BOOKKEEPING_TABLES, store.CLUSTER_LOCK_TABLE)
+    booked = [t for t in orbit if t in read_only]
+    dml = [t for t in orbit if t not in read_only]
     if not dml:
         raise MigrateError(f"no Orbit tables in {d.database!r}; run `orbit-migrate up` first")
     account = store.quote_account(user, host)

@@ -9,6 +9,10 @@ Guarantees (docs/migrations.md explains them for operators):
   runner records ``(file, statement index)`` in ``orbit_schema_state``; a failing statement
   turns that row into a ``failed`` dirty mark, a dead process leaves it ``running`` with no
   lock holder (``interrupted``). Either way ``up`` refuses to run until ``repair``.
+- On a Galera cluster ``GET_LOCK`` is local to one node, so ``up`` and ``repair`` also hold
+  the cluster-wide lease of :mod:`orbit.migrate.lease` (a renewed row of
+  ``orbit_schema_lock``), and "is a run alive?" is answered by that lease, not by
+  ``IS_USED_LOCK``. A run that loses its lease stops before its next statement.
 - A file is recorded in ``orbit_schema_migrations`` with the SHA-256 of its bytes in the same
   transaction that clears the progress row. An applied file whose checksum changed blocks
   ``up`` (forward-only).
@@ -45,6 +49,7 @@ from orbit.migrate.files import (
     migrations_dir_candidates,
     sort_key,
 )
+from orbit.migrate.lease import ClusterLease
 from orbit.migrate.sqlsplit import split_statements
 from orbit.migrate.types import (
     DirtyMark,
@@ -145,6 +150,12 @@ def up(
                 say(f"created database {d.database} (utf8mb4, utf8mb4_bin)")
             store.database_use(conn, d.database)
             store.bookkeeping_create(conn)
+            lease = _cluster_lease(conn, d, lock_timeout - waited, say)
+        except BaseException:
+            store.lock_release(conn, lock)
+            raise
+        try:
+            guard = lease.check if lease is not None else _no_guard
             before = _inspect(conn, d.database, files, lock_mine=True)
             _refuse_unless_clean(before)
             applied: list[str] = []
@@ -160,8 +171,9 @@ def up(
                     + ")"
                 )
                 t0 = time.monotonic()
-                _apply_file(conn, f, start)
+                _apply_file(conn, f, start, guard)
                 ms = int((time.monotonic() - t0) * 1000)
+                guard()
                 store.migration_record(conn, name, f.checksum, n, ms, method)
                 applied.append(name)
                 say(f"applied {name} in {ms / 1000:.2f} s")
@@ -170,6 +182,8 @@ def up(
                     raise ForeignKeysPresent(fks, after=name)
             after = _inspect(conn, d.database, files, lock_mine=True)
         finally:
+            if lease is not None:
+                lease.release()
             store.lock_release(conn, lock)
     finally:
         conn.close()
@@ -204,8 +218,10 @@ def repair(
         raise RepairRefused(f"database {d.database!r} does not exist: nothing to repair")
     lock = store.lock_name(d.database)
     try:
-        _lock(conn, lock, lock_timeout, _quiet)
+        waited = _lock(conn, lock, lock_timeout, _quiet)
+        lease = None
         try:
+            lease = _cluster_lease(conn, d, lock_timeout - waited, _quiet)
             st = _inspect(conn, d.database, files, lock_mine=True)
             if mode is RepairMode.ACCEPT_CHECKSUM:
                 if file not in st.checksum_mismatches:
@@ -216,6 +232,8 @@ def repair(
                 _repair_mark(conn, st, file, mode, by_name.get(file))
             after = _inspect(conn, d.database, files, lock_mine=True)
         finally:
+            if lease is not None:
+                lease.release()
             store.lock_release(conn, lock)
     finally:
         conn.close()
@@ -227,6 +245,18 @@ def repair(
 
 def _quiet(_: str) -> None:
     pass
+
+
+def _no_guard() -> None:
+    pass
+
+
+def _cluster_lease(conn: Connection, d: DSN, timeout: float, say: Progress) -> ClusterLease | None:
+    """On a Galera node, the cluster-wide lease (GET_LOCK alone is node-local there)."""
+    if not store.is_galera(conn):
+        return None
+    store.cluster_lock_table_create(conn)
+    return ClusterLease.acquire(d, max(0.0, timeout), say)
 
 
 def _lock(conn: Connection, lock: str, timeout: float, say: Progress) -> float:
@@ -269,13 +299,18 @@ def _resume_start(f: MigrationFile, point: ResumePoint) -> int:
     return point.statement
 
 
-def _apply_file(conn: Connection, f: MigrationFile, start: int) -> None:
+def _apply_file(conn: Connection, f: MigrationFile, start: int, guard: Callable[[], None]) -> None:
+    """Run ``f`` from statement ``start``; ``guard()`` before each statement raises when the
+    run no longer holds its lock (the cluster lease)."""
     stmts = f.statements
     if start > len(stmts):
         return
+    guard()
     store.state_begin(conn, f.name, start, len(stmts), f.prefix_checksum(start), stmts[start - 1])
     for k in range(start, len(stmts) + 1):
         stmt = stmts[k - 1]
+        if k > start:
+            guard()
         if k > start and not store.state_progress_if_running(
             conn, f.name, k, f.prefix_checksum(k), stmt
         ):
@@ -371,11 +406,19 @@ def _read_state(
     # phase == "running": a live run, or a dead one if nobody holds the lock.
     if lock_mine:
         return _mark(state, DirtyState.INTERRUPTED), None, None
-    if store.lock_is_held(conn, store.lock_name(database)):
+    if _run_alive(conn, database):
         return None, None, state["file"]
     if store.state_get(conn) == state:  # unchanged with the lock free: the run died
         return _mark(state, DirtyState.INTERRUPTED), None, None
     return None, None, state["file"]  # it moved on meanwhile: a run just finished/started
+
+
+def _run_alive(conn: Connection, database: str) -> bool:
+    """Some run holds the lock: the named lock on one server; on Galera (where another
+    node's GET_LOCK is invisible) an unexpired cluster lease."""
+    if store.is_galera(conn):
+        return store.cluster_lock_live(conn)
+    return store.lock_is_held(conn, store.lock_name(database))
 
 
 def _mark(state: dict[str, Any], how: DirtyState) -> DirtyMark:

@@ -31,7 +31,10 @@ from orbit.storage.sqlfile import load_queries
 Q = load_queries(__file__, "migrate")
 
 BOOKKEEPING_TABLES = ("orbit_schema_migrations", "orbit_schema_state")
+#: The cluster-wide migration lock, created only on a Galera node (:mod:`orbit.migrate.lease`).
+CLUSTER_LOCK_TABLE = "orbit_schema_lock"
 NO_SUCH_TABLE = 1146
+UNKNOWN_VARIABLE = 1193
 NO_SUCH_DATABASE = 1049
 LOCK_PREFIX = "orbit-migrate:"
 MAX_LOCK_NAME = 64  # MySQL's limit for GET_LOCK names
@@ -165,6 +168,61 @@ def lock_is_held(conn: Connection, name: str) -> bool:
     """True when some session (this one included) holds the named lock."""
     row = _one(conn, Q.lock_holder, {"name": name})
     return bool(row and row["holder"] is not None)
+
+
+def is_galera(conn: Connection) -> bool:
+    """True when the server is a Galera cluster node (``wsrep_on``): its ``GET_LOCK`` and row
+    locks are local to the node, so migrations also need the cluster-wide lease."""
+    try:
+        row = _one(conn, Q.wsrep_on)
+    except pymysql.err.OperationalError as exc:  # MySQL: no such variable
+        if error_code(exc) == UNKNOWN_VARIABLE:
+            return False
+        raise
+    return bool(row and int(row["wsrep_on"] or 0))
+
+
+# -- the cluster-wide lease (Galera) -------------------------------------------------------
+
+
+def cluster_lock_table_create(conn: Connection) -> None:
+    _exec(conn, Q.cluster_lock_table_create)
+
+
+def cluster_lock_claim(conn: Connection, holder: str, token: bytes, ttl_s: int) -> str | None:
+    """One claim of the lease, in its own transaction: None when taken (free, expired or
+    already ours), else the holder that has it. Two nodes claiming at once both write the
+    row; certification aborts one COMMIT with 1213, which the caller retries."""
+    args = {"holder": holder[:255], "token": token, "ttl_s": ttl_s}
+    with _transaction(conn):
+        row = _one(conn, Q.cluster_lock_get_for_update)
+        if row is None:
+            _exec(conn, Q.cluster_lock_insert, args)
+            return None
+        if not row["expired"] and bytes(row["token"]) != token:
+            return str(row["holder"])
+        _exec(conn, Q.cluster_lock_take_if_token, {**args, "old_token": bytes(row["token"])})
+    return None
+
+
+def cluster_lock_renew(conn: Connection, token: bytes, ttl_s: int) -> bool:
+    """Extend our unexpired lease; False when it expired or is no longer ours."""
+    return _exec(conn, Q.cluster_lock_renew, {"token": token, "ttl_s": ttl_s}) == 1
+
+
+def cluster_lock_release(conn: Connection, token: bytes) -> None:
+    with suppress(pymysql.MySQLError):
+        _exec(conn, Q.cluster_lock_release, {"token": token})
+
+
+def cluster_lock_live(conn: Connection) -> bool:
+    """True when some run holds an unexpired lease (no table: nobody)."""
+    try:
+        return _one(conn, Q.cluster_lock_live) is not None
+    except pymysql.err.ProgrammingError as exc:
+        if error_code(exc) == NO_SUCH_TABLE:
+            return False
+        raise
 
 
 # -- bookkeeping reads ---------------------------------------------------------------------

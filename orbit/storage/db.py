@@ -42,6 +42,7 @@ from orbit.storage.errors import (
     TransientExhausted,
     duplicate_key_name,
     error_code,
+    retry_kind,
 )
 
 T = TypeVar("T")
@@ -67,6 +68,10 @@ class TxStats:
     commits: int = 0
     rollbacks: int = 0
     retries: Counter[int] = field(default_factory=Counter)
+    #: The same retries by kind (:func:`orbit.storage.errors.retry_kind`): ``deadlock``,
+    #: ``certification`` (1213 at COMMIT: a Galera write set that lost certification),
+    #: ``lock_wait_timeout``, ``snapshot``, ``connection``.
+    retry_kinds: Counter[str] = field(default_factory=Counter)
     exhausted: int = 0
     outcome_unknown: int = 0
 
@@ -78,6 +83,15 @@ class SessionSettingsError(RuntimeError):
 class _CommitLost(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
+        self.cause = cause
+
+
+class _CommitConflict(Exception):
+    """COMMIT itself failed with a retryable code (on Galera: certification). Keeps the
+    driver error's args, so :func:`error_code` reads the same code."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(*cause.args)
         self.cause = cause
 
 
@@ -478,9 +492,12 @@ class Database:
                     raise err from exc
                 assert code is not None
                 self.stats.retries[code] += 1
+                at_commit = isinstance(exc, _CommitConflict)
+                self.stats.retry_kinds[retry_kind(code, at_commit=at_commit)] += 1
                 if attempt > limit:
                     self.stats.exhausted += 1
-                    raise TransientExhausted(code, attempt) from as_pymysql(exc)
+                    cause = exc.cause if isinstance(exc, _CommitConflict) else exc
+                    raise TransientExhausted(code, attempt) from as_pymysql(cause)
                 await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
 
     async def _acquire(self) -> Any:
@@ -533,6 +550,8 @@ class Database:
                 except Exception as exc:
                     if error_code(exc) in CONNECTION_ERRORS:
                         raise _CommitLost(exc) from exc
+                    if error_code(exc) in RETRYABLE:
+                        raise _CommitConflict(exc) from exc
                     raise
                 self.stats.commits += 1
             clean = True

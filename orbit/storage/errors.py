@@ -22,6 +22,10 @@ DUPLICATE = 1062
 CHECK_VIOLATED = (4025, 3819)
 TRIGGER_SIGNAL = 1644
 STATEMENT_TIMEOUT = (1969, 3024)
+#: Galera: the node is not in the primary component (lost quorum, joining, or partitioned):
+#: "WSREP has not yet prepared node for application use". Not retried here (a partition
+#: lasts seconds, not milliseconds): the node answers 503 until it is back.
+NODE_NOT_READY = 1047
 
 RETRYABLE = frozenset({DEADLOCK, LOCK_WAIT_TIMEOUT, SNAPSHOT_CONFLICT})
 CONNECTION_ERRORS = frozenset({LOST_CONNECTION, SERVER_GONE, CANT_CONNECT})
@@ -71,6 +75,28 @@ class TransientExhausted(StorageError):
         super().__init__(f"transaction conflict {code} persisted after {attempts} attempts")
         self.code = code
         self.attempts = attempts
+
+
+def retry_kind(code: int, *, at_commit: bool = False) -> str:
+    """The kind a retried transaction is counted under (``db.stats.retry_kinds``,
+    ``orbit_db_transaction_retries_by_kind_total``).
+
+    ``certification``: 1213 raised by COMMIT itself. A single server reports deadlocks when a
+    lock is requested, never at COMMIT; a Galera node reports a write set that failed
+    certification against another node's concurrent commit there, as the same 1213.
+    ``deadlock``: 1213 from a statement (a local deadlock, or on Galera a transaction aborted
+    by another node's replicated commit). ``lock_wait_timeout`` 1205, ``snapshot`` 1020,
+    ``connection`` a connection lost before COMMIT.
+    """
+    if code == DEADLOCK:
+        return "certification" if at_commit else "deadlock"
+    if code == LOCK_WAIT_TIMEOUT:
+        return "lock_wait_timeout"
+    if code == SNAPSHOT_CONFLICT:
+        return "snapshot"
+    if code in CONNECTION_ERRORS:
+        return "connection"
+    return "other"
 
 
 def error_code(exc: BaseException) -> int | None:

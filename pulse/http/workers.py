@@ -30,7 +30,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from orbit.errors import (
     Conflict,
     InvalidRequest,
-    NotReady,
     OrbitError,
     PayloadTooLarge,
     Unauthenticated,
@@ -38,7 +37,7 @@ from orbit.errors import (
 from orbit.http.auditing import audit_intent, request_id
 from orbit.http.auth import authorize, bearer_key
 from orbit.http.body import check_depth, decode, decode_optional, query_int
-from orbit.http.errors import CONNECTION_LIMITS, error_response, translate_storage_error
+from orbit.http.errors import driver_not_ready, error_response, translate_storage_error
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.ids import id_hex, parse_id
@@ -321,17 +320,16 @@ class _StreamReader:
         except StorageError as exc:
             await self.conn.send(_error_frame(self.ctx, translate_storage_error(exc), ref))
         except pymysql.MySQLError as exc:
-            if not (exc.args and exc.args[0] in CONNECTION_LIMITS):
+            busy = driver_not_ready(exc)
+            if busy is None:
                 log.exception("worker frame failed")
                 await self.conn.send(
                     wire.Error(code="internal", message="internal error", ref_msg_id=ref)
                 )
                 return
-            # The database refused a new connection (max_user_connections / max_connections):
-            # transient, like an exhausted pool — the SDK re-sends after Retry-After.
-            busy = NotReady(
-                "the database refused a connection, retry", retry_after=1, reason="connection_limit"
-            )
+            # The database refused a new connection (max_user_connections / max_connections)
+            # or the Galera node left the primary component: transient, like an exhausted
+            # pool — the SDK re-sends after Retry-After.
             await self.conn.send(_error_frame(self.ctx, busy, ref))
         except Exception:
             log.exception("worker frame failed")

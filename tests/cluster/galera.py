@@ -312,7 +312,9 @@ class GaleraNode:
         last: Any = None
         while time.monotonic() < deadline:
             if not self.alive():
-                raise RuntimeError(f"node{self.index} exited during start-up:\n{self.log_tail()}")
+                donors = "\n".join(f"--- node{n.index}:\n{n.log_tail(12)}" for n in self.cluster.nodes
+                                   if n is not self and n.alive())  # fmt: skip
+                raise RuntimeError(f"node{self.index} exited during start-up:\n{self.log_tail()}\n{donors}")
             try:
                 st = self.status()
                 last = st
@@ -379,7 +381,7 @@ class GaleraCluster:
     sync_wait: int = 1
     slave_threads: int = 2
     extra_args: Sequence[str] = ()
-    keep: bool = False
+    keep: bool = field(default_factory=lambda: os.environ.get("ORBIT_CLUSTER_KEEP") == "1")
     nodes: list[GaleraNode] = field(default_factory=list)
     started_pids: set[int] = field(default_factory=set)
     partitioned: dict[int, str] = field(default_factory=dict)  # node -> "iptables" | "isolate"

@@ -114,3 +114,45 @@ SELECT IS_USED_LOCK(%(name)s) AS holder
 
 -- name: user_exists
 SELECT COUNT(*) AS n FROM mysql.user WHERE User = %(user)s AND Host = %(host)s
+
+-- name: wsrep_on
+SELECT @@GLOBAL.wsrep_on AS wsrep_on
+
+-- name: cluster_lock_table_create
+CREATE TABLE IF NOT EXISTS orbit_schema_lock (
+  id TINYINT UNSIGNED NOT NULL COMMENT 'always 1: the table holds at most one row',
+  holder VARCHAR(255) NOT NULL COMMENT 'host:pid of the orbit-migrate process holding the lock',
+  token BINARY(16) NOT NULL COMMENT 'random token of the holding run: renewals and release name it',
+  acquired_at DATETIME(6) NOT NULL COMMENT 'UTC time (database clock) the run took the lock',
+  renewed_at DATETIME(6) NOT NULL COMMENT 'UTC time of the last renewal',
+  expires_at DATETIME(6) NOT NULL COMMENT 'the lock is free after this UTC time unless renewed',
+  PRIMARY KEY (id),
+  CONSTRAINT ck_orbit_schema_lock_single CHECK (id = 1)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
+  COMMENT='orbit-migrate: the cluster-wide migration lock on a Galera cluster (GET_LOCK is node-local there)'
+
+-- name: cluster_lock_get_for_update
+SELECT holder, token, expires_at <= UTC_TIMESTAMP(6) AS expired
+FROM orbit_schema_lock WHERE id = 1 FOR UPDATE
+
+-- name: cluster_lock_insert
+INSERT INTO orbit_schema_lock (id, holder, token, acquired_at, renewed_at, expires_at)
+VALUES (1, %(holder)s, %(token)s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+        UTC_TIMESTAMP(6) + INTERVAL %(ttl_s)s SECOND)
+
+-- name: cluster_lock_take_if_token
+UPDATE orbit_schema_lock
+SET holder = %(holder)s, token = %(token)s, acquired_at = UTC_TIMESTAMP(6),
+    renewed_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL %(ttl_s)s SECOND
+WHERE id = 1 AND token = %(old_token)s
+
+-- name: cluster_lock_renew
+UPDATE orbit_schema_lock
+SET renewed_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL %(ttl_s)s SECOND
+WHERE id = 1 AND token = %(token)s AND expires_at > UTC_TIMESTAMP(6)
+
+-- name: cluster_lock_release
+DELETE FROM orbit_schema_lock WHERE id = 1 AND token = %(token)s
+
+-- name: cluster_lock_live
+SELECT holder FROM orbit_schema_lock WHERE id = 1 AND expires_at > UTC_TIMESTAMP(6)
