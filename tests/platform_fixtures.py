@@ -132,13 +132,16 @@ def run_cli(
 class ServerProcess:
     """A real ``orbit-server`` process on a free port (``python -m orbit_cmd.server``)."""
 
-    def __init__(self, dsn: DSN, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(
+        self, dsn: DSN, *extra: str, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orbit_cmd.server", "--dsn", dsn.url(hide_password=False),
              "--port", str(self.port), "--plain-logs", "--log-level", "warning", *extra],
-            env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=process_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
 
     def wait_ready(self, timeout: float = 30.0) -> None:

@@ -128,6 +128,7 @@ class FakeOrbit:
         self.deny_start = False
         self.requeue_retryable = False  # put a retryable failure back into `waiting`
         self.session_status: int | None = None  # force an error status on session create
+        self.session_requests = 0  # session creations asked for (refused ones too)
         self.app = Starlette(
             routes=[
                 Route(
@@ -196,6 +197,10 @@ class FakeOrbit:
         attempt.state = "done"
         self.sessions[attempt.session_id].held.discard(attempt.id)
 
+    def sessions_connected(self) -> int:
+        """Sessions whose stream was opened at least once."""
+        return sum(1 for s in self.sessions.values() if s.connects)
+
     def reports_of(self, kind: str) -> list[Any]:
         return [
             f for f in map(WORKER_DECODER.decode, self.frames) if type(f).__name__.lower() == kind
@@ -209,6 +214,7 @@ class FakeOrbit:
     async def _create_session(self, request: Request) -> Response:
         if request.headers.get("authorization") != f"Bearer {KEY}":
             return JSONResponse({"error": {"code": "unauthenticated", "message": "bad key"}}, 401)
+        self.session_requests += 1
         if self.session_status is not None:
             code = {401: "unauthenticated", 503: "not_ready"}[self.session_status]
             return JSONResponse(
@@ -706,6 +712,51 @@ async def test_expired_session_gets_a_new_one_and_stale_handler_stops(fake: Fake
     assert all(WORKER_DECODER.decode(r).attempt_id != first_attempt.id for r in task.reports)
     first, second = fake.sessions.values()
     assert second.body.instance.id == first.instance_id, "the instance id survives a new session"
+
+
+async def test_a_gone_session_is_replaced_at_once_whatever_the_backoff(fake: FakeOrbit) -> None:
+    """The stream drops, the reconnect hears "session gone": the server has just answered,
+    so the new session is opened at once — not after the backoff's next, grown delay."""
+    worker = make_worker(fake, backoff=Backoff(initial=1.0, maximum=60, multiplier=30, jitter=0))
+
+    @worker.task("q", "k")
+    async def handler(ctx: TaskContext, payload: Any) -> str:
+        return "ok"
+
+    runner = run_in_background(worker)
+    try:
+        await eventually(lambda: len(fake.sessions) == 1 and fake.sessions_connected() == 1)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await fake.expire(next(iter(fake.sessions.values())), code=1001)  # not 4401: a drop
+        # Reconnect after ≤ 1 s (the first delay), hears 404 "gone": a new session at once
+        # (the grown delay would be 30 s).
+        await eventually(lambda: len(fake.sessions) == 2 and fake.sessions_connected() == 2, 10)
+        assert loop.time() - began < 10
+    finally:
+        worker.drain()
+        await asyncio.wait_for(runner, 10)
+
+
+async def test_any_answer_from_the_server_resets_the_backoff(fake: FakeOrbit) -> None:
+    """Session creation answered 503 again and again: each answer resets the backoff, so
+    the worker keeps asking at the initial delay (the server is there) instead of backing
+    off as from an unreachable server (0.05, 0.5, 5, 50 s...)."""
+    fake.session_status = 503
+    worker = make_worker(fake, backoff=Backoff(initial=0.05, maximum=60, multiplier=10, jitter=0))
+
+    @worker.task("q", "k")
+    async def handler(ctx: TaskContext, payload: Any) -> str:
+        return "ok"
+
+    runner = run_in_background(worker)
+    try:
+        await eventually(lambda: fake.session_requests >= 6, 4)  # ≥ 6 tries in 4 s
+        fake.session_status = None
+        await eventually(lambda: fake.sessions_connected() == 1, 4)
+    finally:
+        worker.drain()
+        await asyncio.wait_for(runner, 10)
 
 
 async def test_heartbeat_lease_lost_cancels_handler_without_report(fake: FakeOrbit) -> None:

@@ -3,8 +3,10 @@
 :class:`StreamConnection` creates a worker session over HTTP (API key), opens the stream
 (session token), matches replies to requests by ``msg_id`` and hands server-initiated
 frames (``offer``, ``cancel``) to callbacks. When the stream drops it reconnects with
-backoff to the same session; when the server refuses the stream with 401/403/404 the
-session is gone, so it creates a new one.
+backoff to the same session (never waiting longer than a heartbeat interval while that
+session may still be alive); when the server refuses the stream with 401/403/404 the
+session is gone, so it creates a new one at once. Any answer from the server resets the
+backoff.
 
 Requests declare what happens to them if the connection drops before their reply
 (:class:`Resend`): reports and effects are re-sent byte-identical after the reconnect
@@ -19,6 +21,7 @@ import contextlib
 import enum
 import itertools
 import logging
+import math
 import re
 import secrets
 from collections.abc import Callable
@@ -102,6 +105,10 @@ class Resend(enum.Enum):
     ALWAYS = "always"  # re-send the identical bytes after any reconnect (reports, effects)
 
 
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
 class _SessionGone(Exception):
     """The server refused the stream: the session expired or was never known."""
 
@@ -155,6 +162,8 @@ class StreamConnection:
         self._backoff = backoff
         self._open_timeout = open_timeout
         self._session: SessionCreated | None = None
+        #: Loop time of the server's last answer (session created, stream open, a frame).
+        self._last_contact = 0.0
         self._instance_id: str | None = None
         self._ws: ClientConnection | None = None
         self._epoch = 0
@@ -235,12 +244,23 @@ class StreamConnection:
     async def run(self) -> None:
         """Keep a session and stream open until :meth:`close`.
 
+        Reconnect delays (docs/sdk.md "Reconnects"): the backoff grows while the server
+        cannot be reached and starts again from its initial delay as soon as the server
+        answers anything (an error status, a refused handshake); when the server says the
+        session is gone, a new session is opened at once. While the session may still be
+        alive on the server (less than its ``lease_ms`` since the server last answered), a
+        delay is never longer than the session's heartbeat interval, so a server node that
+        comes back (or a load balancer that finds another node) gets the worker back
+        before its session expires: its running attempts and undelivered reports survive.
+
         Raises the OrbitError when the server refuses to create a session for a reason
         that waiting will not fix (401, 403, 400, 404): the worker is misconfigured.
         """
         try:
             while not self._closing:
                 delay: float | None = None
+                answered = False
+                fresh = self._session is None
                 try:
                     if self._session is None:
                         await self._create_session()
@@ -248,13 +268,20 @@ class StreamConnection:
                         await self._serve_stream()
                 except _SessionGone:
                     self._drop_session("the server refused the stream (session gone)")
+                    if not fresh:
+                        # The server has just answered: open the new session now.
+                        self._backoff.reset()
+                        continue
+                    # A session refused right after it was created: wait as for a failure.
                 except _FATAL_SESSION_ERRORS:
                     raise
                 except OrbitError as exc:
+                    answered = not isinstance(exc, OrbitConnectionError)
                     retry_after = getattr(exc, "retry_after", None)
                     delay = retry_after if isinstance(retry_after, (int, float)) else None
                     logger.warning("worker session: %s (%s)", exc.code, exc.message)
                 except (OSError, TimeoutError, WebSocketException) as exc:
+                    answered = isinstance(exc, InvalidStatus)  # e.g. a 503 to the handshake
                     logger.warning("worker stream: %s: %s", type(exc).__name__, exc)
                 except Exception:
                     # A bug or an unexpected answer must not kill a long-running worker:
@@ -262,7 +289,9 @@ class StreamConnection:
                     logger.exception("worker connection failed unexpectedly")
                 if self._closing:
                     break
-                wait = self._backoff.next_delay()
+                if answered:
+                    self._backoff.reset()
+                wait = min(self._backoff.next_delay(), self._session_bound())
                 if delay is not None:
                     wait = max(wait, delay)
                 logger.info("reconnecting in %.2fs", wait)
@@ -275,6 +304,17 @@ class StreamConnection:
             self._ws = None
             self._connected.clear()
             self._fail_pending(lambda p: OrbitConnectionError("worker connection closed"))
+
+    def _session_bound(self) -> float:
+        """The longest reconnect delay while the session may still be alive on the server:
+        its heartbeat interval (infinite without a session, or once ``lease_ms`` passed
+        since the server last answered — the session has expired by then)."""
+        session = self._session
+        if session is None:
+            return math.inf
+        if _now() - self._last_contact >= session.lease_ms / 1000:
+            return math.inf
+        return max(session.heartbeat_ms, 1) / 1000
 
     async def end_session(self, wait: float = 5.0) -> SessionClosed | None:
         """Graceful end: stop reconnecting, then close the current session on the server
@@ -319,6 +359,7 @@ class StreamConnection:
         path = f"/v1/namespaces/{seg(self._ns)}/workers/sessions"
         session = await self._http.call("POST", path, SessionCreated, body=body)
         self._session = session
+        self._last_contact = _now()
         self._instance_id = session.instance_id or self._instance_id
         self.stats.sessions += 1
         logger.info(
@@ -376,6 +417,7 @@ class StreamConnection:
             return
         self._ws = ws
         self._epoch += 1
+        self._last_contact = _now()
         self.stats.connects += 1
         self._connected.set()
         logger.info("worker stream open (session %s)", session.session_id)
@@ -385,6 +427,7 @@ class StreamConnection:
             first = True
             while True:
                 raw = await ws.recv(decode=False)
+                self._last_contact = _now()
                 if first:
                     self._backoff.reset()
                     first = False
