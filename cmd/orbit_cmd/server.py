@@ -2,7 +2,8 @@
 starts every background loop, serves with uvicorn.
 
     orbit-server [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
-                 [--pool-timeout S] [--db-driver aiomysql|asyncmy] [--max-body-bytes N]
+                 [--pool-timeout S] [--tenant-pool-share F] [--db-driver aiomysql|asyncmy]
+                 [--max-body-bytes N]
                  [--header-timeout S] [--http h11|httptools|auto]
                  [--log-level info] [--plain-logs]
 
@@ -282,6 +283,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds a request waits for a pooled connection before 503 not_ready (default 5)",
     )  # fmt: skip
     p.add_argument(
+        "--tenant-pool-share", type=float,
+        default=float(os.environ.get("ORBIT_TENANT_POOL_SHARE", "0.8")),
+        help="largest share of the pool one application may hold at once (default 0.8; pools "
+        "under 4 connections are not capped)",
+    )  # fmt: skip
+    p.add_argument(
         "--db-driver", default=None,
         help="database driver: aiomysql (default) or asyncmy (optional, pip install asyncmy); "
         "default $ORBIT_DB_DRIVER",
@@ -381,8 +388,9 @@ async def serve(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             return code
         db = await Database.connect(
-            dsn, maxsize=args.pool_size, acquire_timeout=args.pool_timeout or None, driver=driver
-        )
+            dsn, maxsize=args.pool_size, acquire_timeout=args.pool_timeout or None, driver=driver,
+            tenant_share=args.tenant_pool_share,
+        )  # fmt: skip
         try:
             settings = Settings.from_env(max_body_bytes=args.max_body_bytes)
             ctx = AppContext(db=db, settings=settings)

@@ -25,6 +25,7 @@ from orbit.audit import Outcome
 from orbit.credentials import Principal, authenticate
 from orbit.errors import Forbidden, NotFound, Unauthenticated
 from orbit.http.auditing import request_id
+from orbit.http.tenancy import enter_application
 from orbit.types import ZERO_ID
 
 __all__ = ["Principal", "authorize", "authorize_admin", "bearer_key", "principal_of"]
@@ -88,6 +89,7 @@ async def _authenticate(
         ctx.metrics.counter("orbit_auth_failures_total", "Requests rejected with 401", ()).inc()
         raise
     _state(conn)["principal"] = principal
+    enter_application(ctx.extras, principal.application_id, bearer_key(conn))
     return principal, ns_id
 
 

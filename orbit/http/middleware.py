@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orbit.context import AppContext
 from orbit.errors import PayloadTooLarge
 from orbit.http.errors import error_bytes
+from orbit.http.tenancy import enter_provisional
 from orbit.ids import id_hex, new_id
 from orbit.metrics import HTTP_DURATION, HTTP_REQUESTS
 
@@ -65,6 +66,7 @@ class RequestContextMiddleware:
         incoming = _header(scope, b"x-request-id")
         rid = incoming if incoming and _REQUEST_ID.fullmatch(incoming) else id_hex(new_id())
         scope.setdefault("state", {})["request_id"] = rid
+        enter_provisional(scope, self.ctx.extras)  # fair share of the pool, by tenant
         if scope["type"] == "websocket":
             await self.app(scope, receive, send)
             return

@@ -44,6 +44,7 @@ from orbit.storage.errors import (
     error_code,
     retry_kind,
 )
+from orbit.storage.fairness import DEFAULT_SHARE, FairGate, GateTimeout, current_tenant
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -387,6 +388,7 @@ class Database:
         connect_timeout: float = 5.0,
         acquire_timeout: float | None = None,
         driver: str | None = None,
+        tenant_share: float = DEFAULT_SHARE,
     ) -> None:
         self.dsn = dsn
         #: The driver of the pool: ``driver``, else ``$ORBIT_DB_DRIVER``, else aiomysql.
@@ -399,6 +401,10 @@ class Database:
         #: wait forever). ``orbit-server`` sets it (``--pool-timeout``, default 5 s) so a
         #: saturated pool sheds requests with a fast 503 instead of queueing them unbounded.
         self.acquire_timeout = acquire_timeout
+        #: Fair shares of the pool between tenants (orbit/storage/fairness.py): one tenant
+        #: holds at most ``tenant_share`` of it, and a freed connection goes to the waiting
+        #: tenant holding the fewest.
+        self.gate = FairGate(maxsize, share=tenant_share)
         self.stats = TxStats()
         self._pool: Any = None
 
@@ -500,13 +506,30 @@ class Database:
                     raise TransientExhausted(code, attempt) from as_pymysql(cause)
                 await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
 
-    async def _acquire(self) -> Any:
-        """A pooled connection, or :class:`PoolExhausted` after ``acquire_timeout``."""
-        if self.acquire_timeout is None:
+    async def _acquire(self, tenant: Any) -> Any:
+        """A pooled connection taken through the fair gate for ``tenant``, or
+        :class:`PoolExhausted` after ``acquire_timeout`` (the gate's wait included)."""
+        started = time.monotonic()
+        try:
+            await self.gate.acquire(tenant, self.acquire_timeout)
+        except GateTimeout:
+            assert self.acquire_timeout is not None
+            raise PoolExhausted(self.acquire_timeout, self.maxsize) from None
+        try:
+            left = None
+            if self.acquire_timeout is not None:
+                left = max(0.0, self.acquire_timeout - (time.monotonic() - started))
+            return await self._pool_acquire(left)
+        except BaseException:
+            self.gate.release(tenant)
+            raise
+
+    async def _pool_acquire(self, wait_s: float | None) -> Any:
+        if wait_s is None:
             return await self.pool.acquire()
         pending = asyncio.ensure_future(self.pool.acquire())
         try:
-            return await asyncio.wait_for(asyncio.shield(pending), self.acquire_timeout)
+            return await asyncio.wait_for(asyncio.shield(pending), wait_s)
         except BaseException as exc:  # the timeout, or the caller was cancelled
             pool = self.pool
 
@@ -518,11 +541,13 @@ class Database:
             pending.add_done_callback(give_back)
             pending.cancel()
             if isinstance(exc, TimeoutError):
-                raise PoolExhausted(self.acquire_timeout, self.maxsize) from None
+                raise PoolExhausted(self.acquire_timeout or 0.0, self.maxsize) from None
             raise
 
     async def _run_once(self, fn: Callable[[Tx], Awaitable[T]], readonly: bool) -> T:
-        conn = await self._acquire()
+        tenant = current_tenant.get()
+        conn = await self._acquire(tenant)
+        holding = self.gate.hold()
         clean = False
         try:
             await self._prepare(conn)
@@ -560,6 +585,8 @@ class Database:
             if not clean:
                 conn.close()
             self.pool.release(conn)
+            self.gate.unhold(holding)
+            self.gate.release(tenant)
 
     async def read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         """Run read-only ``fn`` in a READ COMMITTED transaction that is rolled back."""

@@ -32,6 +32,7 @@ from orbit.errors import (
     InvalidRequest,
     OrbitError,
     PayloadTooLarge,
+    RateLimited,
     Unauthenticated,
 )
 from orbit.http.auditing import audit_intent, request_id
@@ -40,6 +41,7 @@ from orbit.http.body import check_depth, decode, decode_optional, query_int
 from orbit.http.errors import driver_not_ready, error_response, translate_storage_error
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
+from orbit.http.tenancy import enter_application
 from orbit.ids import id_hex, parse_id
 from orbit.metrics import count_conflict
 from orbit.storage import StorageError
@@ -47,6 +49,7 @@ from pulse import attempts, effects, sessions, wire
 from pulse.batcher import WorkerBatches
 from pulse.dispatch import Dispatcher
 from pulse.errors import AttemptNotFound
+from pulse.http.admission import CLOSE_POLICY, admission_of, check_attempt_ids, frame_bucket
 from pulse.hub import (
     CLOSE_REPLACED,
     CLOSE_SESSION_GONE,
@@ -124,13 +127,16 @@ async def _session(
     conn: Request | WebSocket, sid: str | None = None, *, allow_ended: bool = False
 ) -> sessions.SessionInfo:
     ctx = _ctx(conn)
+    token = bearer_key(conn)
     try:
-        return await sessions.authenticate(
-            ctx.db, conn.path_params["ns"], bearer_key(conn), sid, allow_ended=allow_ended
+        info = await sessions.authenticate(
+            ctx.db, conn.path_params["ns"], token, sid, allow_ended=allow_ended
         )
     except OrbitError:
         ctx.metrics.counter("orbit_auth_failures_total", "Requests rejected with 401", ()).inc()
         raise
+    enter_application(ctx.extras, info.application_id, token)  # fair share, by tenant
+    return info
 
 
 # -- session creation ------------------------------------------------------------------------
@@ -266,6 +272,11 @@ class _StreamReader:
         self._slots = asyncio.Semaphore(MAX_INFLIGHT_FRAMES)
         self._tasks: set[asyncio.Task[None]] = set()
         self._token = bearer_key(conn.websocket)
+        # Admission (pulse/http/admission.py): this stream's frame budget, its tenant's
+        # share of the node's frame handling.
+        self._admission = admission_of(ctx)
+        self._budget = frame_bucket(self._admission.settings, self.info)
+        self._tenant_slots = self._admission.tenant_slots(self.info.application_id)
 
     async def run(self) -> None:
         ws = self.conn.websocket
@@ -277,19 +288,38 @@ class _StreamReader:
                     break
                 if message["type"] == "websocket.disconnect":
                     break
+                if not self._budget.take():
+                    await self._over_budget("frame_budget", None)
+                    break
                 data = message.get("text")
                 raw = data.encode() if data is not None else message.get("bytes") or b""
                 await self._slots.acquire()
+                await self._tenant_slots.acquire()
                 task = asyncio.create_task(self._handle(raw))
                 self._tasks.add(task)
                 task.add_done_callback(self._done)
         finally:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._admission.leave(self.info.application_id)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._tenant_slots.release()
         self._slots.release()
+
+    async def _over_budget(self, reason: str, ref: str | None) -> None:
+        """Refuse the stream's traffic: an ``error`` frame, then close 1008."""
+        if reason == "frame_budget":
+            self._admission.refused(reason)
+        await self.conn.send(
+            wire.Error(
+                code="rate_limited",
+                message=f"the stream exceeded its {reason.replace('_', ' ')}; reconnect",
+                ref_msg_id=ref,
+            )
+        )
+        await self.conn.close(CLOSE_POLICY, reason)
 
     async def _handle(self, raw: bytes) -> None:
         ref: str | None = None
@@ -306,6 +336,8 @@ class _StreamReader:
             reply = await self._answer(frame)
             if reply is not None:
                 await self.conn.send(reply)
+        except RateLimited:
+            await self._over_budget("heartbeat_budget", ref)
         except attempts.SessionGone:
             await self.conn.send(
                 wire.Error(
@@ -337,6 +369,14 @@ class _StreamReader:
                 wire.Error(code="internal", message="internal error", ref_msg_id=ref)
             )
 
+    def _admit_heartbeat(self, attempt_ids: list[str]) -> None:
+        try:
+            check_attempt_ids(self.info, attempt_ids)
+        except InvalidRequest:
+            self._admission.refused("attempt_ids")
+            raise
+        self._admission.heartbeat(self.info)
+
     async def _recheck(self) -> None:
         """Judge the stream's session token again, as a new request would be (at every
         heartbeat): a revoked or expired credential, a disabled application, a closed or
@@ -357,6 +397,7 @@ class _StreamReader:
             reply = await _start(self.ctx, self.hub, self.conn, frame.attempt_id)
             return msgspec.structs.replace(reply, ref_msg_id=frame.msg_id)
         if isinstance(frame, wire.Heartbeat):
+            self._admit_heartbeat(frame.attempt_ids)
             await self._recheck()
             result = await attempts.heartbeat(self.db, ns, sid, frame.attempt_ids)
             reply_hb = msgspec.structs.replace(result.reply, ref_msg_id=frame.msg_id)
@@ -499,6 +540,13 @@ async def session_heartbeat(request: Request) -> Response:
 
 
 async def _heartbeat(ctx: Any, info: sessions.SessionInfo, attempt_ids: list[str]) -> Response:
+    admission = admission_of(ctx)
+    try:
+        check_attempt_ids(info, attempt_ids)
+    except InvalidRequest:
+        admission.refused("attempt_ids")
+        raise
+    admission.heartbeat(info)  # 429 rate_limited past the session's heartbeat budget
     try:
         result = await attempts.heartbeat(ctx.db, info.namespace_id, info.session_id, attempt_ids)
     except attempts.SessionGone:

@@ -1,0 +1,78 @@
+"""Which tenant a request's database work is for (orbit/storage/fairness.py shares the pool
+by tenant).
+
+A request starts as the tenant its bearer token *probably* belongs to: the application this
+node last saw authenticate with the same API key (by credential id) or the same session
+token's namespace, else "unknown" — all requests with a token this node has not seen
+authenticate share one bucket, so a flood of bad or new tokens competes with itself. Once
+the key or session token is verified, the request works for its application
+(:func:`enter_application`), and the hint is remembered for the next request. The hints are
+only hints (bounded memory, node-local); authorization never relies on them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from starlette.types import Scope
+
+from orbit.storage.fairness import enter_tenant
+
+#: The tenant of requests whose token this node has not seen authenticate.
+UNKNOWN = ("unknown",)
+#: Token ids (credential id or session namespace, hex) remembered at most.
+MAX_HINTS = 100_000
+_HINTS_KEY = "orbit.tenancy.hints"
+
+
+def application_tenant(application_id: bytes) -> tuple[str, bytes]:
+    """The fairness key of an application."""
+    return ("app", application_id)
+
+
+def _token_id(token: str) -> str | None:
+    """``orb_<credential id>_…`` or ``pws_<namespace id>_…`` → that id (no check)."""
+    prefix, _, rest = token.partition("_")
+    if prefix not in ("orb", "pws") or len(rest) < 33 or rest[32] != "_":
+        return None
+    return f"{prefix}:{rest[:32]}"
+
+
+def _bearer(scope: Scope) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == b"authorization":
+            scheme, _, token = v.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def _hints(extras: dict[str, Any]) -> OrderedDict[str, bytes]:
+    hints = extras.get(_HINTS_KEY)
+    if not isinstance(hints, OrderedDict):
+        hints = extras[_HINTS_KEY] = OrderedDict()
+    return hints
+
+
+def enter_provisional(scope: Scope, extras: dict[str, Any]) -> None:
+    """Set the running task's tenant from the request's bearer token (see the docstring)."""
+    token = _bearer(scope)
+    token_id = _token_id(token) if token else None
+    app = _hints(extras).get(token_id) if token_id else None
+    enter_tenant(application_tenant(app) if app is not None else UNKNOWN)
+
+
+def enter_application(
+    extras: dict[str, Any], application_id: bytes, token: str | None = None
+) -> None:
+    """The request's key or session token was verified: its work is for ``application_id``
+    from now on; remember the token's id → application hint."""
+    enter_tenant(application_tenant(application_id))
+    token_id = _token_id(token) if token else None
+    if token_id is None:
+        return
+    hints = _hints(extras)
+    hints[token_id] = application_id
+    hints.move_to_end(token_id)
+    if len(hints) > MAX_HINTS:
+        hints.popitem(last=False)

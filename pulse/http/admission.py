@@ -1,0 +1,140 @@
+"""Admission of worker traffic: what one stream, one session and one tenant may ask of a node.
+
+A legitimate worker sends a handful of frames per task (start, report, an effect or two) and
+one heartbeat every ``heartbeat_ms``. Everything beyond that, per stream or per session, is a
+flood, and floods of one tenant must not slow another down:
+
+* **Frame budget, per stream.** A token bucket of ``frame_rate`` frames a second (default
+  1,000, at least ``4 × max_concurrency``) with a burst of ``frame_burst`` (2,000, at least
+  ``4 × max_concurrency``). A stream that exceeds it gets an ``error`` frame
+  ``rate_limited`` and is closed with 1008 (policy violation); the session stays usable.
+* **Heartbeat budget, per session.** Heartbeats are the only frames a worker sends on its
+  own clock, and each one is a locking transaction: at most ``20 + 2 × max_concurrency`` at
+  once, refilled at ``(4 + 2 × max_concurrency)`` per ``heartbeat_ms`` (at least 2 a second).
+  Over the stream: ``error`` ``rate_limited`` and close 1008. Over HTTP
+  (``…/sessions/{sid}/heartbeat``, ``…/attempts/{aid}/heartbeat``): 429 ``rate_limited`` with
+  ``Retry-After``.
+* **``attempt_ids`` bound.** A heartbeat may list at most the session's ``max_concurrency``
+  attempts (it cannot hold more); a longer list is 400 ``invalid_request`` naming the field.
+* **Fair share per tenant.** At most ``tenant_frame_slots`` frames (default 64) of one
+  application are handled at once on a node, over all its streams; further frames of that
+  tenant wait (back-pressure on its own sockets only). The database side is shared fairly by
+  the pool's gate (orbit/storage/fairness.py).
+
+Every refusal is counted in ``pulse_worker_frames_refused_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from orbit.errors import InvalidRequest, RateLimited
+from orbit.ratelimit import BucketMap, TokenBucket
+from pulse.rounds import settings_from_env
+from pulse.sessions import SessionInfo
+
+#: WebSocket close code for a stream over its budget (policy violation).
+CLOSE_POLICY = 1008
+ADMISSION_KEY = "pulse.admission"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """Tunables; ``ORBIT_PULSE_<NAME>`` environment overrides."""
+
+    #: Frames a second one stream may send (raised to 4 × max_concurrency).
+    frame_rate: int = 1_000
+    #: Frames one stream may send at once (raised to 4 × max_concurrency).
+    frame_burst: int = 2_000
+    #: Frames of one application handled at once on a node, over all its streams.
+    tenant_frame_slots: int = 64
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: int) -> AdmissionSettings:
+        return settings_from_env(cls, env, overrides)
+
+
+def frame_bucket(settings: AdmissionSettings, info: SessionInfo) -> TokenBucket:
+    """The frame budget of one stream of the session."""
+    floor = 4 * info.max_concurrency
+    return TokenBucket(max(settings.frame_rate, floor), max(settings.frame_burst, floor))
+
+
+def heartbeat_bucket(info: SessionInfo) -> TokenBucket:
+    """The heartbeat budget of the session."""
+    per_interval = 4 + 2 * info.max_concurrency
+    rate = max(2.0, per_interval * 1000.0 / max(1, info.heartbeat_ms))
+    return TokenBucket(rate, 20 + 2 * info.max_concurrency)
+
+
+def check_attempt_ids(info: SessionInfo, attempt_ids: list[str]) -> None:
+    """400 when a heartbeat lists more attempts than the session can hold."""
+    if len(attempt_ids) > info.max_concurrency:
+        raise InvalidRequest(
+            f"a heartbeat lists at most the session's max_concurrency ({info.max_concurrency}) "
+            f"attempts, not {len(attempt_ids)}",
+            field="attempt_ids",
+            max_items=info.max_concurrency,
+        )
+
+
+class Admission:
+    """A node's admission state: heartbeat buckets per session, frame slots per tenant."""
+
+    def __init__(self, settings: AdmissionSettings | None = None, metrics: Any = None) -> None:
+        self.settings = settings or AdmissionSettings.from_env()
+        self._heartbeats = BucketMap(lambda: TokenBucket(1, 1), max_keys=100_000)
+        self._slots: dict[bytes, tuple[asyncio.Semaphore, int]] = {}
+        self._refused = (
+            metrics.counter(
+                "pulse_worker_frames_refused_total",
+                "Worker frames and heartbeats refused by admission, by reason",
+                ("reason",),
+            )
+            if metrics is not None
+            else None
+        )
+
+    def refused(self, reason: str) -> None:
+        """Count a refusal (``frame_budget``, ``heartbeat_budget``, ``attempt_ids``)."""
+        if self._refused is not None:
+            self._refused.inc(reason=reason)
+
+    def heartbeat(self, info: SessionInfo) -> None:
+        """Spend one heartbeat of the session's budget; 429 ``rate_limited`` when spent."""
+        bucket = self._heartbeats.get(info.key, lambda: heartbeat_bucket(info))
+        if not bucket.take():
+            self.refused("heartbeat_budget")
+            raise RateLimited(
+                "too many heartbeats for this session: send one every heartbeat_ms",
+                retry_after=int(bucket.retry_after_s()) + 1,
+                reason="heartbeat_budget",
+            )
+
+    def tenant_slots(self, application_id: bytes) -> asyncio.Semaphore:
+        """The frame slots of ``application_id`` on this node (one more stream uses them;
+        give them back with :meth:`leave`)."""
+        sem, users = self._slots.get(application_id, (None, 0))
+        if sem is None:
+            sem = asyncio.Semaphore(self.settings.tenant_frame_slots)
+        self._slots[application_id] = (sem, users + 1)
+        return sem
+
+    def leave(self, application_id: bytes) -> None:
+        sem, users = self._slots.get(application_id, (None, 0))
+        if sem is None:
+            return
+        if users <= 1:
+            del self._slots[application_id]
+        else:
+            self._slots[application_id] = (sem, users - 1)
+
+
+def admission_of(ctx: Any) -> Admission:
+    """The node's :class:`Admission` (made on first use)."""
+    adm = ctx.extras.get(ADMISSION_KEY)
+    if not isinstance(adm, Admission):
+        adm = ctx.extras[ADMISSION_KEY] = Admission(metrics=getattr(ctx, "metrics", None))
+    return adm
