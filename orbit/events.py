@@ -280,6 +280,77 @@ async def append_result_events(
     return [r["seq"] for r in rows]
 
 
+async def append_events_across(
+    tx: Tx, events: Sequence[tuple[bytes, NewEvent]], *, now: datetime | None = None
+) -> list[bytes]:
+    """:func:`append_events` for events of several namespaces (a node round): ONE multi-row
+    INSERT, each row with its own namespace; their ids, in order."""
+    if not events:
+        return []
+    stamp = now or await store.clock_now(tx)
+    rows = [
+        {
+            "namespace_id": ns,
+            "id": new_id(),
+            "type": e.type,
+            "subject_kind": e.subject_kind,
+            "subject_id": e.subject_id,
+            "data": _JSON.encode(e.data).decode(),
+            "request_id": e.request_id,
+            "created_at": stamp,
+        }
+        for ns, e in events
+    ]
+    await store.event_insert_many(tx, rows)
+    return [r["id"] for r in rows]
+
+
+async def append_result_events_across(
+    tx: Tx,
+    snapshots: Sequence[tuple[bytes, ResultSnapshot]],
+    *,
+    now: datetime | None = None,
+) -> list[int]:
+    """:func:`append_result_events` for several namespaces (a node round): ONE upsert takes
+    each namespace's numbers on its stream row (rows in namespace order: the last level of
+    the lock order, held to COMMIT), one read gets the new tops, one multi-row INSERT writes
+    the events. Per namespace the numbers are consecutive in the order of ``snapshots``;
+    returns each snapshot's seq, in order."""
+    if not snapshots:
+        return []
+    counts: dict[bytes, int] = {}
+    for ns, s in snapshots:
+        if s.state not in RESULT_EVENT_TYPES:
+            raise ValueError(f"no result event for task state {s.state!r}")
+        counts[ns] = counts.get(ns, 0) + 1
+    tops, stamp = await store.event_streams_advance_many(tx, counts, now)
+    next_seq = {ns: tops[ns] - n + 1 for ns, n in counts.items()}
+    rows = []
+    for ns, s in snapshots:
+        seq = next_seq[ns]
+        next_seq[ns] = seq + 1
+        rows.append(
+            {
+                "namespace_id": ns,
+                "seq": seq,
+                "event_id": s.event_id or new_id(),
+                "type": RESULT_EVENT_TYPES[s.state],
+                "task_id": s.task_id,
+                "queue": s.queue,
+                "kind": s.kind,
+                "owner_id": s.owner_id,
+                "state": s.state,
+                "result": _json_text(s.result),
+                "error": _json_text(s.error),
+                "attempts": s.attempts,
+                "finished_at": s.finished_at,
+                "created_at": stamp,
+            }
+        )
+    await store.result_event_insert_many(tx, rows)
+    return [r["seq"] for r in rows]
+
+
 def _result_event(row: dict[str, Any]) -> ResultEvent:
     return ResultEvent(
         seq=int(row["seq"]),

@@ -33,24 +33,20 @@ Rules every function here keeps:
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
 
-from orbit.errors import Conflict, InvalidRequest, StaleToken
-from orbit.ids import digest, digest_matches, id_hex, new_id, new_secret, parse_id
+from orbit.errors import Conflict
+from orbit.ids import digest, id_hex, new_id, new_secret
 from orbit.storage import Database, Tx
 from orbit.store.events import clock_now
 from orbit.times import format_opt, format_time
 from pulse import permits, transitions, wire
-from pulse.errors import AttemptNotFound
 from pulse.store import attempts as store
-from pulse.store import queues as queue_store
-from pulse.store import sessions as session_store
 
 Row = dict[str, Any]
 #: A task change to record: (task row after, raw event type, event data).
@@ -96,7 +92,7 @@ def backoff_ms(task: Mapping[str, Any], attempts: int, retry_after_ms: int | Non
     return max(0, value)
 
 
-def _ms(value: int) -> timedelta:
+def ms(value: int) -> timedelta:
     return timedelta(milliseconds=value)
 
 
@@ -207,7 +203,7 @@ async def _reselect(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row:
     return row
 
 
-def _is_current(task: Mapping[str, Any], attempt: Mapping[str, Any]) -> bool:
+def is_current(task: Mapping[str, Any], attempt: Mapping[str, Any]) -> bool:
     """The attempt is the task's running generation."""
     return (
         attempt["state"] == "RUNNING"
@@ -319,7 +315,7 @@ async def lose_running(
             "now": now,
         },
     )
-    if not _is_current(task, attempt):
+    if not is_current(task, attempt):
         return []
     retry_safe = bool(task["retry_safe"])
     attempts = int(task["attempts"])
@@ -340,7 +336,7 @@ async def lose_running(
         }
     else:
         state = "NEEDS_REVIEW"
-    available_at = now + _ms(backoff_ms(task, attempts)) if state == "WAITING" else None
+    available_at = now + ms(backoff_ms(task, attempts)) if state == "WAITING" else None
     await _end_run(
         tx,
         namespace_id,
@@ -417,25 +413,6 @@ async def _end_run(
 # -- start -----------------------------------------------------------------------------------
 
 
-async def _authorise_resources(
-    tx: Tx,
-    namespace_id: bytes,
-    task: Row,
-    attempt: Row,
-    now: datetime,
-    *,
-    budget: permits.StartBudget,
-) -> permits.Decision:
-    """Resource checks of the start transaction, after every other check passed:
-    application quota, start-rate windows, queue permits and the concurrency key, judged by
-    ``budget`` (:mod:`pulse.permits`), which counts the grants made earlier in the same
-    batch (the usage rows are only updated, with the summed deltas, at the end). Returns the
-    :class:`~pulse.permits.Decision`: a deny reason, or the grant with its concurrency token
-    (keyed tasks; the key permit row is written here). ``now`` is ``budget.now``."""
-    assert now == budget.now
-    return await budget.authorise(tx, task, attempt)
-
-
 async def start(
     db: Database,
     namespace_id: bytes,
@@ -465,178 +442,12 @@ async def start_many(
     now: datetime | None = None,
 ) -> list[wire.Started | wire.StartDenied]:
     """:func:`start` for many ``(session_id, attempt_id)`` of one namespace in ONE
-    transaction (group commit, :mod:`pulse.batcher`); one reply per item, in order.
+    transaction; one reply per item, in order. The namespace's form of
+    :func:`pulse.start_round.start_round` (a node round takes the starts of every
+    namespace)."""
+    from pulse.start_round import start_round
 
-    The hot rows are locked once for the batch, in the lock order: the owners' application
-    rows and the queues' usage rows (each sorted), then every task, then every attempt (each
-    in id order). Each item is then judged alone, exactly as :func:`start` judges it; the
-    granted ones are written with one round trip of guarded per-row UPDATEs, the usage
-    counters change once per (queue, owner) with the summed deltas, and every raw event is
-    written with one INSERT. Items about a task another item of the batch already touched
-    are applied in a following transaction (so each sees the other's result).
-    """
-    if not items:
-        return []
-    replies: list[wire.Started | wire.StartDenied | None] = [None] * len(items)
-
-    async def tx_fn(tx: Tx) -> tuple[list[wire.Started | wire.StartDenied | None], list[int]]:
-        out: list[wire.Started | wire.StartDenied | None] = [None] * len(items)
-        deferred: list[int] = []
-        peeks = await store.attempt_peek_many(tx, namespace_id, [aid for _, aid in items])
-        if not peeks:
-            return [_denied(id_hex(aid), DENY_NOT_FOUND) for _, aid in items], []
-        queue_ids = {p["queue_id"] for p in peeks.values()}
-        owner_ids = {p["owner_id"] for p in peeks.values()}
-        keyed = any(p["concurrency_key_digest"] is not None for p in peeks.values())
-        # The usage rows first, always (the lock order; one statement that also tells
-        # whether a start limit is in play): a limit is judged on them, and the summed
-        # deltas go into them at the end. A keyed task's permit row comes last.
-        # The locks (usage rows, tasks, attempts: the lock order) and the reads the judgement
-        # needs, in ONE round trip (Tx.pipeline: the same statements in the same order).
-        usage, tasks, locked, sessions, queues = await tx.pipeline(
-            transitions.lock_usage(tx, namespace_id, queue_ids, owner_ids)
-            if keyed
-            else store.usage_lock_for_start(tx, namespace_id, list(queue_ids), list(owner_ids)),
-            store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()]),
-            store.attempt_lock_many(tx, namespace_id, list(peeks), now),
-            store.session_state_many(tx, namespace_id, [sid for sid, _ in items]),
-            store.queue_start_context_many(tx, namespace_id, queue_ids, queue_store.NAMESPACE_GATE),
-        )
-        limited: bool = True if keyed else usage
-        t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
-        changes: list[Change] = []
-        attempt_rows: list[dict[str, Any]] = []  # the granted starts' writes, one per table
-        task_rows: list[dict[str, Any]] = []
-        granted: list[tuple[int, Row, Row, str, datetime, int | None]] = []
-        pending: dict[tuple[bytes, bytes], int] = defaultdict(int)
-        budget: permits.StartBudget | None = None  # opened at the first resource check
-        touched: set[bytes] = set()
-        for idx, (session_id, attempt_id) in enumerate(items):
-            aid = id_hex(attempt_id)
-            peek = peeks.get(attempt_id)
-            if peek is not None and peek["task_id"] in touched:
-                deferred.append(idx)
-                continue
-            attempt = locked.get(attempt_id)
-            task = tasks.get(peek["task_id"]) if peek is not None else None
-            if attempt is None or task is None or attempt["session_id"] != session_id:
-                out[idx] = _denied(aid, DENY_NOT_FOUND)
-                continue
-            assert t is not None
-            touched.add(task["id"])
-            if attempt["state"] == "RUNNING":  # a re-sent start (its `started` was lost)
-                out[idx], change = await _restart(
-                    tx, namespace_id, session_id, task, attempt, sessions.get(session_id), t
-                )
-                changes += change
-                continue
-            if attempt["state"] != "OFFERED":
-                out[idx] = _denied(aid, DENY_NOT_OFFERED)
-                continue
-            deny: str | None = None
-            if attempt["lease_expires_at"] <= t:
-                deny = DENY_OFFER_EXPIRED
-            elif not (
-                task["state"] == "LEASED"
-                and task["current_attempt_id"] == attempt_id
-                and int(task["attempts"]) + 1 == int(attempt["generation"])
-            ):
-                deny = DENY_NOT_CURRENT
-            else:
-                session = sessions.get(session_id)
-                if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= t:
-                    deny = DENY_SESSION
-                elif queues[task["queue_id"]]["gate_closed"]:
-                    deny = DENY_PAUSED
-                elif task["deadline_at"] is not None and task["deadline_at"] <= t:
-                    out[idx] = _denied(aid, DENY_DEADLINE)
-                    changes += await _fail_deadline(tx, namespace_id, task, attempt, t)
-                    continue
-            concurrency_token: int | None = None
-            not_before: datetime | None = None
-            if deny is None:
-                if budget is None:
-                    budget = await permits.open_budget(
-                        tx, namespace_id, tasks.values(), limited=limited, now=t
-                    )
-                decision = await _authorise_resources(
-                    tx, namespace_id, task, attempt, t, budget=budget
-                )
-                deny, concurrency_token = decision.deny, decision.token
-                not_before = decision.not_before
-            if deny is not None:
-                out[idx] = _denied(aid, deny)
-                changes += await release_offer(
-                    tx, namespace_id, task, attempt, t, deny, available_at=not_before
-                )
-                continue
-            lease = t + _ms(int(queues[task["queue_id"]]["lease_ms"]))
-            token = "ext_" + new_secret()
-            attempt_rows.append({
-                "id": attempt_id, "token_digest": digest(token),
-                "concurrency_token": concurrency_token, "lease_expires_at": lease,
-                "revision": attempt["revision"],
-            })  # fmt: skip
-            task_rows.append({
-                "id": task["id"], "attempt_id": attempt_id, "generation": attempt["generation"],
-                "lease_expires_at": lease, "revision": task["revision"],
-            })  # fmt: skip
-            pending[(task["queue_id"], task["owner_id"])] += 1
-            granted.append((idx, task, attempt, token, lease, concurrency_token))
-        if granted:
-            for idx, task, attempt, token, lease, concurrency_token in granted:
-                generation = int(attempt["generation"])
-                # The row as task_start_if_leased left it (computed, not re-read: every
-                # column it sets is known here, and the row is locked).
-                after = {
-                    **task, "state": "RUNNING", "attempts": generation, "started_at": t,
-                    "lease_expires_at": lease, "state_version": int(task["state_version"]) + 1,
-                    "state_changed_at": t, "revision": int(task["revision"]) + 1,
-                }  # fmt: skip
-                out[idx] = wire.Started(
-                    ref_msg_id=None,
-                    attempt_id=id_hex(attempt["id"]),
-                    execution_token=token,
-                    generation=generation,
-                    concurrency_token=concurrency_token,
-                    lease_expires_at=format_time(lease),
-                )
-                data = {"session_id": id_hex(items[idx][0]), "generation": generation}
-                changes.append((after, transitions.EVENT_STARTED, data))
-        # The writes in ONE round trip: each table's guarded UPDATE for every granted start
-        # in ONE statement (each row's own guard and values by id; the matched count must be
-        # the number of rows: they are locked), then the summed usage deltas, the permit
-        # budget, the events — in that order.
-        statements = (
-            [store.attempts_start_statement(namespace_id, attempt_rows, t),
-             store.tasks_start_statement(namespace_id, task_rows, t)]
-            if task_rows
-            else []
-        )  # fmt: skip
-        counts, *_ = await tx.pipeline(
-            tx.execute_batch(statements),
-            *(
-                transitions.adjust_usage(
-                    tx, namespace_id, queue_id, reservations=-n, active=n, owner_id=owner_id
-                )
-                for (queue_id, owner_id), n in sorted(pending.items())
-            ),
-            *([budget.flush(tx)] if budget is not None else []),
-            transitions.record_many(tx, namespace_id, changes, now=t),
-        )
-        if counts != [len(task_rows)] * len(counts):  # pragma: no cover - every row is locked
-            raise Conflict("attempt or task changed while locked", kind="start")
-        return out, deferred
-
-    done, deferred = await db.transaction(tx_fn)
-    for idx, reply in enumerate(done):
-        replies[idx] = reply
-    if deferred:
-        again = await start_many(db, namespace_id, [items[i] for i in deferred], now=now)
-        for idx, reply in zip(deferred, again, strict=True):
-            replies[idx] = reply
-    assert all(r is not None for r in replies)
-    return replies  # type: ignore[return-value]
+    return await start_round(db, [(namespace_id, s, a) for s, a in items], now=now)
 
 
 def _denied(attempt_hex: str, reason: str) -> wire.StartDenied:
@@ -647,7 +458,7 @@ def _denied(attempt_hex: str, reason: str) -> wire.StartDenied:
 EVENT_START_RESENT = "task.start_resent"
 
 
-async def _restart(
+async def restart(
     tx: Tx,
     namespace_id: bytes,
     session_id: bytes,
@@ -667,7 +478,7 @@ async def _restart(
     aid = id_hex(attempt["id"])
     if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= now:
         return _denied(aid, DENY_SESSION), []
-    if not _is_current(task, attempt) or attempt["lease_expires_at"] <= now:
+    if not is_current(task, attempt) or attempt["lease_expires_at"] <= now:
         return _denied(aid, DENY_ALREADY_STARTED), []
     token = "ext_" + new_secret()
     ok = await store.attempt_rotate_token_if_running(
@@ -697,7 +508,7 @@ async def _restart(
     return reply, [(task, EVENT_START_RESENT, data)]
 
 
-async def _fail_deadline(
+async def fail_deadline(
     tx: Tx, namespace_id: bytes, task: Row, attempt: Row, now: datetime
 ) -> list[Change]:
     """The deadline passed before the start: the offer is released and the task FAILED."""
@@ -741,7 +552,12 @@ async def _fail_deadline(
 
 
 class SessionGone(Exception):
-    """The session is no longer ACTIVE (expired or closed): its stream must end."""
+    """The session is no longer ACTIVE (expired or closed), or its credential or application
+    no longer allows it (``credential`` true): its stream must end."""
+
+    def __init__(self, *, credential: bool = False) -> None:
+        super().__init__("the session credential no longer allows it" if credential else "session gone")
+        self.credential = credential
 
 
 @dataclass
@@ -766,113 +582,18 @@ async def heartbeat(
     ``ok`` false otherwise (unknown, another session's, finished, released, lost, or its
     lease already passed: recovery decides, a heartbeat never revives an attempt).
     ``cancel_requested`` mirrors the task's flag. Raises :class:`SessionGone` when the
-    session is not ACTIVE any more.
-    """
-    parsed = [(text, _parse_hex(text)) for text in attempt_ids]
-    wanted = sorted({raw for _, raw in parsed if raw is not None})
+    session is not ACTIVE any more. The one-item form of
+    :func:`pulse.heartbeat_round.heartbeat_round` (a node round takes the heartbeats of
+    every session)."""
+    from pulse.heartbeat_round import heartbeat_round
 
-    async def run(tx: Tx) -> HeartbeatResult:
-        session = await session_store.session_lock(tx, namespace_id, session_id)
-        t = await now_in_tx(tx, now)
-        if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= t:
-            raise SessionGone()
-        expires = t + _ms(int(session["lease_ms"]))
-        await session_store.session_extend_if_active(tx, namespace_id, session_id, expires, t)
-        await session_store.instance_touch(tx, namespace_id, session["instance_id"], t)
-        views = await store.attempt_heartbeat_view(tx, namespace_id, wanted)
-        answers: dict[bytes, wire.HeartbeatAttempt] = {}
-        cancels: list[str] = []
-        # Running attempts to extend: (attempt id, view, new lease, cancel flag). Their
-        # guarded UPDATEs (task, then attempt, in attempt-id order) go in one round trip.
-        extend: list[tuple[bytes, Row, datetime, bool]] = []
-        statements: list[tuple[str, Any]] = []
-        for raw in wanted:
-            v = views.get(raw)
-            hexid = id_hex(raw)
-            if v is None or v["session_id"] != session_id:
-                answers[raw] = wire.HeartbeatAttempt(
-                    attempt_id=hexid, ok=False, lease_expires_at=None, cancel_requested=False
-                )
-                continue
-            cancel = bool(v["cancel_requested"]) and v["current_attempt_id"] == raw
-            live = v["lease_expires_at"] > t
-            if (
-                v["state"] == "RUNNING"
-                and live
-                and v["task_state"] == "RUNNING"
-                and v["current_attempt_id"] == raw
-            ):
-                lease = t + _ms(int(v["lease_ms"]))
-                params = {
-                    "namespace_id": namespace_id,
-                    "id": v["task_id"],
-                    "attempt_id": raw,
-                    "session_id": session_id,
-                    "lease_expires_at": lease,
-                    "now": t,
-                }
-                statements.append((store.Q.task_heartbeat_if_running, params))
-                statements.append((store.Q.attempt_heartbeat_if_running, {**params, "id": raw}))
-                extend.append((raw, v, lease, cancel))
-            elif v["state"] == "OFFERED" and live:
-                answers[raw] = wire.HeartbeatAttempt(
-                    attempt_id=hexid,
-                    ok=True,
-                    lease_expires_at=format_time(v["lease_expires_at"]),
-                    cancel_requested=False,
-                )
-            else:
-                answers[raw] = wire.HeartbeatAttempt(
-                    attempt_id=hexid,
-                    ok=False,
-                    lease_expires_at=format_time(v["lease_expires_at"]),
-                    cancel_requested=cancel,
-                )
-        counts = await tx.execute_batch(statements)
-        for k, (raw, v, lease, cancel) in enumerate(extend):
-            task_ok, attempt_ok = counts[2 * k] == 1, counts[2 * k + 1] == 1
-            if task_ok != attempt_ok:  # pragma: no cover - every writer changes both at once
-                raise Conflict("task and attempt leases diverged", kind="heartbeat")
-            answers[raw] = wire.HeartbeatAttempt(
-                attempt_id=id_hex(raw),
-                ok=task_ok,
-                lease_expires_at=format_time(lease if task_ok else v["lease_expires_at"]),
-                cancel_requested=cancel,
-            )
-            if task_ok and cancel:
-                cancels.append(id_hex(raw))
-        out: list[wire.HeartbeatAttempt] = []
-        for text, raw in parsed:
-            if raw is None:
-                out.append(
-                    wire.HeartbeatAttempt(
-                        attempt_id=text, ok=False, lease_expires_at=None, cancel_requested=False
-                    )
-                )
-            else:
-                out.append(answers[raw])
-        reply = wire.HeartbeatOk(
-            ref_msg_id=None, attempts=out, session_expires_at=format_time(expires)
-        )
-        return HeartbeatResult(reply=reply, cancel_requested=cancels)
-
-    return await db.transaction(run)
-
-
-def _parse_hex(text: str) -> bytes | None:
-    return parse_id(text)
+    (outcome,) = await heartbeat_round(db, [(namespace_id, session_id, attempt_ids)], now=now)
+    if isinstance(outcome, SessionGone):
+        raise outcome
+    return outcome
 
 
 # -- result reports --------------------------------------------------------------------------
-
-
-@dataclass
-class _Late:
-    """A correct token for an attempt that is no longer current: evidence was recorded.
-    ``applied``: the operation of the report already applied to it, when one was."""
-
-    attempt_state: str
-    applied: str | None = None
 
 
 async def report(
@@ -908,185 +629,16 @@ async def report_many(
     *,
     now: datetime | None = None,
 ) -> list[wire.Receipt | Exception]:
-    """:func:`report` for many reports of one namespace in ONE transaction (group commit,
-    :mod:`pulse.batcher`); per item, in order, its receipt or the exception :func:`report`
-    would raise (a stale token fails only its own item).
+    """:func:`report` for many reports of one namespace in ONE transaction; per item, in
+    order, its receipt or the exception :func:`report` would raise (a stale token fails only
+    its own item). The namespace's form of :func:`pulse.report_round.report_round` (a node
+    round takes the reports of every namespace)."""
+    from pulse.report_round import report_round
 
-    Lock order (docs/invariants.md#5-compare-and-swap): the owners' application rows and the
-    queues' usage rows once per batch (sorted), then the tasks, then the attempts (each in id
-    order). Each item keeps all of :func:`report`'s checks (token,
-    receipt replay, lease, current generation); the applied ones are written with one round
-    trip of guarded per-row UPDATEs, one of receipts, usage counters once per (queue, owner)
-    with the summed deltas, and their raw and result events with one INSERT each and ONE
-    range of result sequence numbers. Items about a task another item already touched in
-    the batch (e.g. the same report re-sent) go in a following transaction, so they see it.
-    """
-    if not reports:
-        return []
-    digests: list[bytes] = []
-    unreadable: dict[int, Exception] = {}
-    for idx, rep in enumerate(reports):
-        try:
-            digests.append(rep.digest())
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not JSON: only this one
-            digests.append(b"")
-            unreadable[idx] = InvalidRequest(f"the report is not valid JSON: {exc}")
-
-    async def tx_fn(tx: Tx) -> tuple[list[wire.Receipt | _Late | Exception | None], list[int]]:
-        out: list[wire.Receipt | _Late | Exception | None] = [None] * len(reports)
-        deferred: list[int] = []
-        peeks = await store.attempt_peek_many(tx, namespace_id, [r.attempt_id for r in reports])
-        if not peeks:
-            return [AttemptNotFound() for _ in reports], []
-        # The lock order (docs/invariants.md#5-compare-and-swap): the owners' application rows
-        # and the queues' usage rows first (sorted; their ids were peeked without locks and never change), then
-        # the tasks, then the attempts. The counters are updated at the end with the summed
-        # deltas, on rows this transaction already holds.
-        # ONE round trip (Tx.pipeline: the same statements in the same order). The receipts
-        # are read for the peeked attempts: rows of attempts that are not locked (gone) are
-        # never looked at.
-        _, tasks, locked, receipts = await tx.pipeline(
-            transitions.lock_usage(
-                tx,
-                namespace_id,
-                {p["queue_id"] for p in peeks.values()},
-                {p["owner_id"] for p in peeks.values()},
-            ),
-            store.task_lock_many(tx, namespace_id, [p["task_id"] for p in peeks.values()]),
-            store.attempt_lock_many(tx, namespace_id, list(peeks), now),
-            store.receipt_get_many(tx, namespace_id, list(peeks)),
-        )
-        t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
-        changes: list[Change] = []
-        statements: list[tuple[str, Any]] = []
-        receipt_rows: list[tuple[str, Any]] = []
-        usage: dict[tuple[bytes, bytes], list[int]] = defaultdict(lambda: [0, 0, 0])
-        applied: list[tuple[int, Row, str, str, dict[str, Any], bytes]] = []  # after-rows
-        touched: set[bytes] = set()
-        for idx, rep in enumerate(reports):
-            aid = id_hex(rep.attempt_id)
-            if idx in unreadable:
-                out[idx] = unreadable[idx]
-                continue
-            peek = peeks.get(rep.attempt_id)
-            if peek is not None and peek["task_id"] in touched:
-                deferred.append(idx)
-                continue
-            attempt = locked.get(rep.attempt_id)
-            task = tasks.get(peek["task_id"]) if peek is not None else None
-            if attempt is None or task is None:
-                out[idx] = AttemptNotFound()
-                continue
-            assert t is not None
-            stored = attempt["execution_token_digest"]
-            if stored is None or not digest_matches(rep.execution_token, stored):
-                out[idx] = StaleToken(attempt_id=aid)
-                continue
-            receipt = receipts.get(rep.attempt_id)
-            if receipt is not None:
-                if receipt["operation"] == rep.op and receipt["request_digest"] == digests[idx]:
-                    out[idx] = wire.Receipt(
-                        ref_msg_id=None,
-                        attempt_id=aid,
-                        receipt_id=id_hex(receipt["id"]),
-                        outcome="replayed",
-                        task_state=receipt["task_state"],
-                    )
-                else:
-                    # The token's attempt already ended with another report: the token is
-                    # stale for any other outcome. Kept as evidence, the task is untouched.
-                    reason = "report_already_applied"
-                    await _record_late(tx, namespace_id, rep, attempt, digests[idx], t, reason)
-                    out[idx] = _Late(attempt_state=attempt["state"], applied=receipt["operation"])
-                continue
-            touched.add(task["id"])
-            reason = "attempt_not_current"
-            if _is_current(task, attempt) and attempt["lease_expires_at"] <= t:
-                # The lease passed and recovery has not run yet: decide as recovery would.
-                changes += await lose_running(tx, namespace_id, task, attempt, t, "lease_expired")
-                attempt = {**attempt, "state": "LOST"}
-                reason = "lease_expired"
-            if not _is_current(task, attempt):
-                await _record_late(tx, namespace_id, rep, attempt, digests[idx], t, reason)
-                out[idx] = _Late(attempt_state=attempt["state"])
-                continue
-            if rep.op == "cancelled" and not task["cancel_requested"]:
-                out[idx] = Conflict(
-                    "no cancel was requested for this attempt's task",
-                    kind="not_cancel_requested",
-                    attempt_id=aid,
-                )
-                continue
-            plan = _plan_report(namespace_id, task, attempt, rep, t)
-            statements += plan.statements
-            delta = usage[(task["queue_id"], task["owner_id"])]
-            for i, d in enumerate(transitions.usage_delta("RUNNING", plan.state)):
-                delta[i] += d
-            receipt_id = new_id()
-            receipt_rows.append((
-                store.Q.receipt_insert,
-                {
-                    "namespace_id": namespace_id, "id": receipt_id, "attempt_id": rep.attempt_id,
-                    "operation": rep.op, "request_digest": digests[idx],
-                    "task_state": plan.state, "now": t,
-                },
-            ))  # fmt: skip
-            applied.append((idx, plan.after, plan.state, plan.event, plan.data, receipt_id))
-        for idx, after, state, event, data, receipt_id in applied:
-            changes.append((after, event, data))
-            out[idx] = wire.Receipt(
-                ref_msg_id=None,
-                attempt_id=id_hex(reports[idx].attempt_id),
-                receipt_id=id_hex(receipt_id),
-                outcome="applied",
-                task_state=state,
-            )
-        # The writes in ONE round trip (then the result events' INSERT): the guarded per-row
-        # UPDATEs, the summed usage deltas, the ended attempts' key permits (last in the lock
-        # order, pulse.permits), the receipts, the events — in that order, as one by one.
-        writes: list[Coroutine[Any, Any, Any]] = [tx.execute_batch(statements)]
-        writes += [
-            transitions.adjust_usage(tx, namespace_id, queue_id, unfinished=unfinished,
-                                     reservations=reservations, active=active, owner_id=owner_id)
-            for (queue_id, owner_id), (unfinished, reservations, active) in sorted(usage.items())
-        ]  # fmt: skip
-        if applied:
-            ended = [(reports[i].attempt_id, after.get("concurrency_key_digest"))
-                     for i, after, *_ in applied]  # fmt: skip
-            writes.append(permits.release_many(tx, namespace_id, ended, t))
-        writes.append(tx.execute_batch(receipt_rows))
-        writes.append(transitions.record_many(tx, namespace_id, changes, now=t))
-        counts, *_ = await tx.pipeline(*writes)
-        if any(c != 1 for c in counts):  # pragma: no cover - every row is locked
-            raise Conflict("attempt or task changed while locked", kind="report")
-        return out, deferred
-
-    done, deferred = await db.transaction(tx_fn)
-    outcomes: list[wire.Receipt | Exception | None] = [None] * len(reports)
-    for idx, value in enumerate(done):
-        if isinstance(value, _Late):
-            extra = {} if value.applied is None else {"applied": value.applied}
-            outcomes[idx] = StaleToken(
-                "the attempt is no longer current; the report was recorded as evidence"
-                if value.applied is None
-                else f"a different report ({value.applied}) was already applied to this"
-                " attempt; this one was recorded as evidence",
-                attempt_id=id_hex(reports[idx].attempt_id),
-                attempt_state=value.attempt_state,
-                evidence=True,
-                **extra,
-            )
-        else:
-            outcomes[idx] = value
-    if deferred:
-        again = await report_many(db, namespace_id, [reports[i] for i in deferred], now=now)
-        for idx, value in zip(deferred, again, strict=True):
-            outcomes[idx] = value
-    assert all(o is not None for o in outcomes)
-    return outcomes  # type: ignore[return-value]
+    return await report_round(db, [(namespace_id, r) for r in reports], now=now)
 
 
-async def _record_late(
+async def record_late(
     tx: Tx,
     namespace_id: bytes,
     rep: Report,
@@ -1126,19 +678,21 @@ async def _record_late(
 
 
 @dataclass
-class _ReportPlan:
-    """What applying a report to its current attempt writes (see :func:`_plan_report`)."""
+class ReportPlan:
+    """What applying a report to its current attempt writes (see :func:`plan_report`)."""
 
     state: str  # the task's new state
     event: str  # its raw event type
     data: dict[str, Any]  # the raw event's data
     statements: list[tuple[str, Any]]  # attempt finish + task end-run, guarded, by key
     after: Row  # the task row as the end-run UPDATE leaves it (computed, not re-read)
+    finish: dict[str, Any]  # the attempt's new values and guard (attempt_finish_if_running)
+    end_run: dict[str, Any]  # the task's new values and guard (task_end_run_if_running)
 
 
-def _plan_report(
+def plan_report(
     namespace_id: bytes, task: Row, attempt: Row, rep: Report, now: datetime
-) -> _ReportPlan:
+) -> ReportPlan:
     """The outcome of a report on the current attempt (pure): the task's new state and the
     two guarded UPDATEs — attempt RUNNING → its end state, task RUNNING → the new state."""
     result_text: str | None = None
@@ -1156,7 +710,7 @@ def _plan_report(
             state = "CANCELLED" if rep.retryable else "FAILED"
         elif rep.retryable and attempts < int(task["max_attempts"]):
             state = "WAITING"
-            available_at = now + _ms(backoff_ms(task, attempts, rep.retry_after_ms))
+            available_at = now + ms(backoff_ms(task, attempts, rep.retry_after_ms))
         else:
             state = "FAILED"
         event = {
@@ -1211,11 +765,13 @@ def _plan_report(
         "state_changed_at": now,
         "revision": int(task["revision"]) + 1,
     }
-    return _ReportPlan(
+    return ReportPlan(
         state=state,
         event=event,
         data=data,
         after=after,
+        finish=finish,
+        end_run=end_run,
         statements=[
             (store.Q.attempt_finish_if_running, finish),
             (store.Q.task_end_run_if_running, end_run),

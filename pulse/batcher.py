@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from orbit.shards import shard_group
 from orbit.storage import OutcomeUnknown
 
 log = logging.getLogger("pulse.batcher")
@@ -179,14 +180,17 @@ class GroupCommit(Generic[K, I, R]):
 
 
 class WorkerBatches:
-    """This node's group commit of worker messages: ``start`` and result reports
-    (``complete``/``fail``/``cancelled``) each through their own :class:`GroupCommit`, keyed
-    by namespace. Used by the worker stream and the HTTP fallback (pulse/http/workers.py).
+    """This node's rounds of worker messages: ``start``, result reports
+    (``complete``/``fail``/``cancelled``) and heartbeats, each through their own
+    :class:`GroupCommit`, keyed
+    by shard group (:func:`orbit.shards.shard_group`) — so one transaction in flight per
+    node and stage takes the starts (or reports) of every namespace that arrived meanwhile
+    (:mod:`pulse.start_round`, :mod:`pulse.report_round`, :mod:`pulse.heartbeat_round`).
+    Used by the worker stream and the
+    HTTP fallback (pulse/http/workers.py).
 
     ``ORBIT_PULSE_GROUP_COMMIT=0`` turns batching off (every message its own transaction,
-    as before; for comparisons); ``ORBIT_PULSE_BATCH_MAX`` sets the largest batch (64).
-    Heartbeats are not batched: one per session every ``heartbeat_ms`` is not where the time
-    goes (docs/api/workers.md, "Group commit").
+    for comparisons); ``ORBIT_PULSE_BATCH_MAX`` sets the largest round (64).
     """
 
     def __init__(
@@ -196,7 +200,9 @@ class WorkerBatches:
         max_batch: int | None = None,
         enabled: bool | None = None,
     ) -> None:
-        from pulse import attempts
+        from pulse.heartbeat_round import heartbeat_round
+        from pulse.report_round import report_round
+        from pulse.start_round import start_round
 
         self.db = db
         if enabled is None:
@@ -205,24 +211,38 @@ class WorkerBatches:
             max_batch = int(os.environ.get("ORBIT_PULSE_BATCH_MAX", "64"))
         self.enabled = enabled
         size = max_batch if enabled else 1
-        self.starts: GroupCommit[bytes, tuple[bytes, bytes], Any] = GroupCommit(
-            lambda ns, items: attempts.start_many(db, ns, items), max_batch=size, name="starts"
+        self.starts: GroupCommit[int, tuple[bytes, bytes, bytes], Any] = GroupCommit(
+            lambda _group, items: start_round(db, items), max_batch=size, name="starts"
         )
-        self.reports: GroupCommit[bytes, Any, Any] = GroupCommit(
-            lambda ns, reps: attempts.report_many(db, ns, reps), max_batch=size, name="reports"
+        self.reports: GroupCommit[int, tuple[bytes, Any], Any] = GroupCommit(
+            lambda _group, items: report_round(db, items), max_batch=size, name="reports"
+        )
+        self.heartbeats: GroupCommit[int, tuple[bytes, bytes, Any], Any] = GroupCommit(
+            lambda _group, items: heartbeat_round(db, items), max_batch=size, name="heartbeats"
         )
 
     async def start(self, namespace_id: bytes, session_id: bytes, attempt_id: bytes) -> Any:
-        """:func:`pulse.attempts.start`, group-committed with this node's other starts."""
-        return await self.starts.submit(namespace_id, (session_id, attempt_id))
+        """:func:`pulse.attempts.start`, in this node's next start round."""
+        return await self.starts.submit(
+            shard_group(namespace_id), (namespace_id, session_id, attempt_id)
+        )
 
     async def report(self, namespace_id: bytes, rep: Any) -> Any:
-        """:func:`pulse.attempts.report`, group-committed (raises the item's own error)."""
-        return await self.reports.submit(namespace_id, rep)
+        """:func:`pulse.attempts.report`, in this node's next report round (raises the
+        item's own error)."""
+        return await self.reports.submit(shard_group(namespace_id), (namespace_id, rep))
+
+    async def heartbeat(self, namespace_id: bytes, session_id: bytes, attempt_ids: Any) -> Any:
+        """:func:`pulse.attempts.heartbeat`, in this node's next heartbeat round (raises
+        :class:`~pulse.attempts.SessionGone` for its own session)."""
+        return await self.heartbeats.submit(
+            shard_group(namespace_id), (namespace_id, session_id, list(attempt_ids))
+        )
 
     async def close(self) -> None:
         await self.starts.close()
         await self.reports.close()
+        await self.heartbeats.close()
 
 
 class SubmitBatches:

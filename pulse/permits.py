@@ -112,6 +112,19 @@ class _Window:
 
 
 @dataclass
+class ApplicationShare:
+    """The application-level part of the start budgets of one transaction: an application's
+    quota and start-rate window are shared by all its namespaces, so the budgets of several
+    namespaces in one node round (:func:`open_budget` with ``share``) count their grants
+    here together, and its window counters are written once."""
+
+    apps: dict[bytes, Row] = field(default_factory=dict)
+    granted_app: Counter[bytes] = field(default_factory=Counter)
+    app_windows: dict[bytes, _Window] = field(default_factory=dict)
+    flushed: bool = False
+
+
+@dataclass
 class StartBudget:
     """The limits of one start batch, with the grants and denials made so far in it.
 
@@ -122,13 +135,27 @@ class StartBudget:
     namespace_id: bytes
     now: datetime
     queues: dict[bytes, Row] = field(default_factory=dict)
-    apps: dict[bytes, Row] = field(default_factory=dict)
     keys: dict[bytes, Row] = field(default_factory=dict)
     granted_queue: Counter[bytes] = field(default_factory=Counter)
-    granted_app: Counter[bytes] = field(default_factory=Counter)
     queue_windows: dict[bytes, _Window] = field(default_factory=dict)
-    app_windows: dict[bytes, _Window] = field(default_factory=dict)
     denials: dict[bytes, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    share: ApplicationShare = field(default_factory=ApplicationShare)
+
+    @property
+    def apps(self) -> dict[bytes, Row]:
+        return self.share.apps
+
+    @apps.setter
+    def apps(self, rows: dict[bytes, Row]) -> None:
+        self.share.apps.update(rows)
+
+    @property
+    def granted_app(self) -> Counter[bytes]:
+        return self.share.granted_app
+
+    @property
+    def app_windows(self) -> dict[bytes, _Window]:
+        return self.share.app_windows
 
     def _queue_window(self, queue_id: bytes) -> _Window | None:
         q = self.queues.get(queue_id)
@@ -214,10 +241,14 @@ class StartBudget:
 
     async def flush(self, tx: Tx) -> None:
         """Write the batch's window counters (application rows first, then queues: the lock
-        order) and its denial counters. Call once, at the end of the start transaction."""
-        for app_id, w in sorted(self.app_windows.items()):
-            if w.dirty:
-                await store.application_window_set(tx, app_id, w.start, w.starts)
+        order) and its denial counters. Call once per budget, at the end of the start
+        transaction; the application windows of a shared :class:`ApplicationShare` are
+        written by the first budget flushed."""
+        if not self.share.flushed:
+            self.share.flushed = True
+            for app_id, w in sorted(self.app_windows.items()):
+                if w.dirty:
+                    await store.application_window_set(tx, app_id, w.start, w.starts)
         for queue_id, w in sorted(self.queue_windows.items()):
             if w.dirty:
                 await store.queue_window_set(tx, self.namespace_id, queue_id, w.start, w.starts)
@@ -232,21 +263,28 @@ async def open_budget(
     *,
     limited: bool,
     now: datetime,
+    share: ApplicationShare | None = None,
 ) -> StartBudget:
     """The :class:`StartBudget` of a start batch over ``tasks`` (locked rows).
+
+    ``share``: the application part shared with the other namespaces' budgets of the same
+    transaction (a node round), else a fresh one.
 
     ``limited``: the caller locked the usage rows of the tasks' queues and owners (it must
     whenever one of them has a limit or a task is keyed); only then are the limits read —
     else nothing but concurrency keys is judged. Locks (creating on first use) the key rows
     of the batch's LEASED keyed tasks, last in the lock order, in key-digest order.
     """
-    budget = StartBudget(namespace_id=namespace_id, now=now)
+    budget = StartBudget(namespace_id=namespace_id, now=now, share=share or ApplicationShare())
     rows = list(tasks)
     if limited:
         budget.queues = await store.queue_limits_many(
             tx, namespace_id, [t["queue_id"] for t in rows]
         )
-        budget.apps = await store.application_limits_many(tx, [t["owner_id"] for t in rows])
+        # Applications another namespace's budget of this round read already keep their
+        # rows (and the grants counted against them).
+        owners = [t["owner_id"] for t in rows if t["owner_id"] not in budget.apps]
+        budget.apps = await store.application_limits_many(tx, owners)
     wanted: dict[bytes, str] = {
         bytes(t["concurrency_key_digest"]): t["concurrency_key"]
         for t in rows

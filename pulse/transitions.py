@@ -33,6 +33,7 @@ import msgspec
 from orbit import events as orbit_events
 from orbit.ids import id_hex
 from orbit.storage import Tx
+from orbit.storage.keys import KeySet
 from orbit.times import format_opt
 from pulse.store import queues as usage_store
 
@@ -225,40 +226,66 @@ async def record_many(
     All raw events go in one multi-row INSERT, then all result events in one call (one
     increment of the stream row, sequence numbers in the order of ``changes``).
     """
+    await record_across(
+        tx,
+        [(namespace_id, change) for change in changes],
+        result_event=result_event,
+        request_id=request_id,
+        now=now,
+    )
+
+
+#: A change of a node round: (namespace id, (task row after, raw event type, event data)).
+NsChange = tuple[bytes, tuple[Mapping[str, Any], str, Mapping[str, Any] | None]]
+
+
+async def record_across(
+    tx: Tx,
+    changes: Sequence[NsChange],
+    *,
+    result_event: bool | None = None,
+    request_id: str | None = None,
+    now: datetime | None = None,
+) -> None:
+    """:func:`record_many` for the changes of several namespaces (a node round): the raw
+    events of every namespace in ONE multi-row INSERT, the terminal hooks, then the result
+    events of every namespace with one upsert of their stream rows (namespace order, last in
+    the lock order) and one INSERT — per namespace, sequence numbers in the order of
+    ``changes``."""
     if not changes:
         return
-    # One pipeline (Tx.pipeline): the raw events, the hooks' statements and the stream's
+    # One pipeline (Tx.pipeline): the raw events, the hooks' statements and the streams'
     # advance go in one round trip, the result events' INSERT in the next — the same
     # statements in the same order as one by one.
     steps: list[Coroutine[Any, Any, Any]] = []
-    steps.append(orbit_events.append_events(
+    steps.append(orbit_events.append_events_across(
         tx,
-        namespace_id,
         [
-            orbit_events.NewEvent(
-                type=event_type,
-                subject_kind="task",
-                subject_id=row["id"],
-                data=_raw_event_data(row, data),
-                request_id=request_id,
+            (
+                ns,
+                orbit_events.NewEvent(
+                    type=event_type,
+                    subject_kind="task",
+                    subject_id=row["id"],
+                    data=_raw_event_data(row, data),
+                    request_id=request_id,
+                ),
             )
-            for row, event_type, data in changes
+            for ns, (row, event_type, data) in changes
         ],
         now=now,
     ))  # fmt: skip
     if TERMINAL_HOOKS:
-        for row, _, _ in changes:
+        for ns, (row, _, _) in changes:
             if row["state"] in RESULT_STATES:
-                steps += [hook(tx, namespace_id, row, now) for hook in TERMINAL_HOOKS]
+                steps += [hook(tx, ns, row, now) for hook in TERMINAL_HOOKS]
     results = [
-        row
-        for row, _, _ in changes
+        (ns, stored_snapshot(row))
+        for ns, (row, _, _) in changes
         if (row["state"] in RESULT_STATES if result_event is None else result_event)
     ]
     if results:
-        steps.append(orbit_events.append_result_events(
-            tx, namespace_id, [stored_snapshot(r) for r in results], now=now
-        ))  # fmt: skip
+        steps.append(orbit_events.append_result_events_across(tx, results, now=now))
     await tx.pipeline(*steps)
 
 
@@ -329,6 +356,16 @@ async def lock_usage(
     attempt lock (docs/architecture.md, "Lock order"); :func:`adjust_usage` then only adds
     to rows the transaction holds already."""
     return await usage_store.usage_lock_many(tx, namespace_id, list(queue_ids), list(owner_ids))
+
+
+async def lock_usage_keys(
+    tx: Tx, queues: KeySet, owner_ids: Iterable[bytes] = ()
+) -> tuple[dict[bytes, dict[str, Any]], dict[tuple[bytes, bytes], dict[str, Any]]]:
+    """:func:`lock_usage` for the queues of several namespaces (a node round): the owners'
+    application rows (sorted by id), then the queues' usage rows (sorted by namespace and
+    queue id), in ONE statement. Returns the locked rows (applications by id, queues by
+    (namespace id, queue id))."""
+    return await usage_store.usage_lock_keys(tx, queues, list(owner_ids))
 
 
 async def adjust_usage(

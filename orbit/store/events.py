@@ -57,6 +57,33 @@ async def event_stream_advance(
     return int(row["last_seq"]), (now or row["db_now"])
 
 
+async def event_streams_advance_many(
+    tx: Tx, counts: dict[bytes, int], now: datetime | None
+) -> tuple[dict[bytes, int], datetime]:
+    """Take ``counts[ns]`` sequence numbers on each namespace's stream row in ONE upsert (rows
+    in namespace order), then read the new tops; return (last_seq by namespace, the time to
+    stamp). The rows stay locked by this transaction until it ends."""
+    order = sorted(counts)
+    values = ", ".join(["(%s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))"] * len(order))
+    args: list[Any] = []
+    for ns in order:
+        args += [ns, counts[ns], now]
+    upsert = (
+        "INSERT INTO orbit_event_streams (namespace_id, last_seq, updated_at) VALUES "
+        + values
+        + " ON DUPLICATE KEY UPDATE last_seq = last_seq + VALUES(last_seq),"
+        " updated_at = VALUES(updated_at)"
+    )
+    read = (
+        "SELECT namespace_id, last_seq, UTC_TIMESTAMP(6) AS db_now FROM orbit_event_streams"
+        " WHERE namespace_id IN (" + ", ".join(["%s"] * len(order)) + ")"
+    )
+    _, rows = await tx.pipeline(tx.execute(upsert, args), tx.fetchall(read, order))
+    tops = {bytes(r["namespace_id"]): int(r["last_seq"]) for r in rows}
+    stamp = now or rows[0]["db_now"]
+    return tops, stamp
+
+
 async def result_event_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
     if rows:
         await tx.executemany(Q.result_event_insert_many, rows)

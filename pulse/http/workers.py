@@ -42,7 +42,7 @@ from orbit.http.errors import driver_not_ready, error_response, translate_storag
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.http.tenancy import enter_application
-from orbit.ids import id_hex, parse_id
+from orbit.ids import parse_id
 from orbit.metrics import count_conflict
 from orbit.storage import StorageError
 from pulse import attempts, effects, sessions, wire
@@ -114,7 +114,8 @@ def _batches(ctx: Any) -> WorkerBatches:
             )
 
             def collect(b: WorkerBatches = b) -> None:
-                for kind, gc in (("start", b.starts), ("report", b.reports)):
+                for kind, gc in (("start", b.starts), ("report", b.reports),
+                                 ("heartbeat", b.heartbeats)):  # fmt: skip
                     batches.set(gc.stats.batches, kind=kind)
                     items.set(gc.stats.items, kind=kind)
                     largest.set(gc.stats.largest, kind=kind)
@@ -377,20 +378,6 @@ class _StreamReader:
             raise
         self._admission.heartbeat(self.info)
 
-    async def _recheck(self) -> None:
-        """Judge the stream's session token again, as a new request would be (at every
-        heartbeat): a revoked or expired credential, a disabled application, a closed or
-        expired session ends the open stream (``error`` unauthenticated, then 4401)."""
-        try:
-            await sessions.authenticate(
-                self.db, self.info.namespace_name, self._token, id_hex(self.info.session_id)
-            )
-        except Unauthenticated:
-            self.ctx.metrics.counter(
-                "orbit_auth_failures_total", "Requests rejected with 401", ()
-            ).inc()
-            raise attempts.SessionGone() from None
-
     async def _answer(self, frame: wire.WorkerFrame) -> wire.ServerFrame | None:
         ns, sid = self.info.namespace_id, self.info.session_id
         if isinstance(frame, wire.Start):
@@ -398,8 +385,16 @@ class _StreamReader:
             return msgspec.structs.replace(reply, ref_msg_id=frame.msg_id)
         if isinstance(frame, wire.Heartbeat):
             self._admit_heartbeat(frame.attempt_ids)
-            await self._recheck()
-            result = await attempts.heartbeat(self.db, ns, sid, frame.attempt_ids)
+            # The round judges the session as a new request would (credential, application,
+            # expiry): a refused one ends the stream.
+            try:
+                result = await _batches(self.ctx).heartbeat(ns, sid, frame.attempt_ids)
+            except attempts.SessionGone as gone:
+                if gone.credential:
+                    self.ctx.metrics.counter(
+                        "orbit_auth_failures_total", "Requests rejected with 401", ()
+                    ).inc()
+                raise
             reply_hb = msgspec.structs.replace(result.reply, ref_msg_id=frame.msg_id)
             await self.conn.send(reply_hb)
             for attempt_hex in result.cancel_requested:
@@ -548,7 +543,7 @@ async def _heartbeat(ctx: Any, info: sessions.SessionInfo, attempt_ids: list[str
         raise
     admission.heartbeat(info)  # 429 rate_limited past the session's heartbeat budget
     try:
-        result = await attempts.heartbeat(ctx.db, info.namespace_id, info.session_id, attempt_ids)
+        result = await _batches(ctx).heartbeat(info.namespace_id, info.session_id, attempt_ids)
     except attempts.SessionGone:
         raise SessionGoneError("the session expired") from None
     return json_response(result.reply)

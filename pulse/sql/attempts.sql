@@ -374,3 +374,106 @@ UNION ALL
  WHERE u.namespace_id = %(namespace_id)s AND u.queue_id IN %(queue_ids)s
  ORDER BY u.queue_id
  FOR UPDATE)
+
+-- name: attempt_peek_keys
+-- Node rounds (pulse/start_round.py, pulse/report_round.py) use the *_keys queries: the
+-- same reads and locks for the attempts of many namespaces in one statement. Their keys
+-- marker becomes one (namespace_id = ? AND id IN (…)) group per namespace
+-- (orbit/storage/keys.py); positional parameters only. Locking reads return (and lock)
+-- rows in (namespace_id, id) order: a round's lock order is level by level across
+-- namespaces, each level sorted.
+SELECT a.namespace_id, a.id, a.task_id, a.session_id, t.queue_id, t.owner_id,
+  t.concurrency_key_digest
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+WHERE /*keys a.namespace_id a.id*/
+
+-- name: task_lock_keys
+-- task_lock_many's columns, for tasks of many namespaces.
+SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, available_at, deadline_at,
+  max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier,
+  retry_safe, concurrency_key, concurrency_key_digest, state, state_version, attempts,
+  current_attempt_id, session_id, lease_expires_at, cancel_requested, effect_uncertain,
+  result, error, source_kind, source_id, started_at, finished_at, revision
+FROM pulse_tasks
+WHERE /*keys namespace_id id*/
+ORDER BY namespace_id, id
+FOR UPDATE
+
+-- name: attempt_lock_keys
+-- attempt_lock_many for many namespaces; the first parameter is the pinned now (NULL: the
+-- database clock, read once the locks are held).
+SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
+  concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
+  retryable, revision, CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM pulse_attempts
+WHERE /*keys namespace_id id*/
+ORDER BY namespace_id, id
+FOR UPDATE
+
+-- name: session_state_keys
+SELECT namespace_id, id, state, expires_at
+FROM pulse_worker_sessions
+WHERE /*keys namespace_id id*/
+
+-- name: queue_start_context_keys
+-- Per queue: its running lease and whether the namespace or the queue gate is closed.
+SELECT q.namespace_id, q.id, q.lease_ms,
+  (SELECT COALESCE(MAX(g.paused), 0) FROM pulse_execution_gates g
+   WHERE g.namespace_id = q.namespace_id AND g.queue_id IN (%s, q.id)) AS gate_closed
+FROM pulse_queues q
+WHERE /*keys q.namespace_id q.id*/
+
+-- name: receipt_get_keys
+SELECT namespace_id, id, attempt_id, operation, request_digest, task_state, created_at
+FROM pulse_attempt_receipts
+WHERE /*keys namespace_id attempt_id*/
+
+-- name: usage_lock_for_start_keys
+-- usage_lock_for_start for many namespaces: the owners' application rows (sorted), then the
+-- queues' usage rows (sorted by namespace, queue), each telling whether it limits starts.
+-- The first parameters are the application ids (the IN list the store builds).
+(SELECT 'a' AS kind, NULL AS namespace_id, application_id AS id,
+  (max_active_attempts IS NOT NULL OR max_starts_per_second IS NOT NULL
+   OR max_reservations IS NOT NULL) AS limited
+ FROM orbit_application_resources
+ WHERE application_id IN (/*apps*/)
+ ORDER BY application_id
+ FOR UPDATE)
+UNION ALL
+(SELECT 'q', u.namespace_id, u.queue_id,
+  (SELECT q.max_concurrency IS NOT NULL OR q.max_starts_per_second IS NOT NULL
+   FROM pulse_queues q
+   WHERE q.namespace_id = u.namespace_id AND q.id = u.queue_id)
+ FROM pulse_queue_usage u
+ WHERE /*keys u.namespace_id u.queue_id*/
+ ORDER BY u.namespace_id, u.queue_id
+ FOR UPDATE)
+
+-- name: session_lock_keys
+-- Heartbeat round: the sessions of many namespaces, locked in (namespace_id, id) order (the
+-- session level comes first in the lock order), with the clock read once the locks are
+-- held. First parameter: the pinned now (NULL: the database clock).
+-- The session's credential and application are judged too (as a new request would be:
+-- revoked or expired credential, disabled application), read by scalar subqueries, which a
+-- locking read never locks.
+SELECT s.namespace_id, s.id, s.instance_id, s.state, s.lease_ms, s.expires_at,
+  (SELECT c.revoked_at IS NULL AND (c.expires_at IS NULL OR c.expires_at > COALESCE(%s, UTC_TIMESTAMP(6)))
+   FROM orbit_credentials c WHERE c.id = s.credential_id) AS credential_ok,
+  (SELECT a.status = 'active' FROM orbit_applications a WHERE a.id = s.application_id)
+   AS application_ok,
+  CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM pulse_worker_sessions s
+WHERE /*keys s.namespace_id s.id*/
+ORDER BY s.namespace_id, s.id
+FOR UPDATE
+
+-- name: attempt_heartbeat_view_keys
+-- attempt_heartbeat_view for the attempts of many namespaces (no lock: the round's guarded
+-- UPDATEs decide, and a matched count below the rows makes it run again row by row).
+SELECT a.namespace_id, a.id, a.task_id, a.session_id, a.state, a.lease_expires_at,
+  t.state AS task_state, t.current_attempt_id, t.cancel_requested, q.lease_ms
+FROM pulse_attempts a
+JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
+JOIN pulse_queues q ON q.namespace_id = t.namespace_id AND q.id = t.queue_id
+WHERE /*keys a.namespace_id a.id*/

@@ -197,3 +197,22 @@ FROM pulse_queue_usage
 WHERE namespace_id = %(namespace_id)s AND queue_id IN %(queue_ids)s
 ORDER BY queue_id
 FOR UPDATE
+
+-- name: usage_lock_keys
+-- usage_lock_all for the queues of several namespaces (a node round): the owners'
+-- application rows sorted by id, then the queues' usage rows sorted by (namespace, queue),
+-- in ONE statement. Positional parameters: the application ids (the IN list the store
+-- builds), then the queues' key groups.
+(SELECT 'a' AS kind, NULL AS namespace_id, application_id AS id, unfinished_tasks,
+  reservations, active_attempts, max_unfinished_tasks, max_reservations
+ FROM orbit_application_resources
+ WHERE application_id IN (/*apps*/)
+ ORDER BY application_id
+ FOR UPDATE)
+UNION ALL
+(SELECT 'q', namespace_id, queue_id, unfinished_tasks, reservations, active_attempts, NULL,
+  NULL
+ FROM pulse_queue_usage
+ WHERE /*keys namespace_id queue_id*/
+ ORDER BY namespace_id, queue_id
+ FOR UPDATE)

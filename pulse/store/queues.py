@@ -6,11 +6,12 @@ and returns rows as dicts (column name → value).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from orbit.storage import Tx, load_queries
+from orbit.storage.keys import KeySet, case_expr, expand
 
 Q = load_queries(__file__, "queues")
 
@@ -111,6 +112,27 @@ async def usage_lock_many(
     return by_app, by_queue
 
 
+async def usage_lock_keys(
+    tx: Tx, queues: KeySet, app_ids: Sequence[bytes]
+) -> tuple[dict[bytes, Row], dict[tuple[bytes, bytes], Row]]:
+    """:func:`usage_lock_many` for the queues of several namespaces: (application rows by id,
+    queue usage rows by (namespace id, queue id)), locked in that order, each sorted."""
+    apps = sorted(set(app_ids))
+    if not apps and not queues:
+        return {}, {}
+    sql = Q.usage_lock_keys.replace("/*apps*/", ", ".join(["%s"] * len(apps)) if apps else "NULL")
+    sql, args = expand(sql, queues, *apps)
+    rows = await tx.fetchall(sql, args)
+    by_app: dict[bytes, Row] = {}
+    by_queue: dict[tuple[bytes, bytes], Row] = {}
+    for row in rows:
+        if row["kind"] == "a":
+            by_app[bytes(row["id"])] = row
+        else:
+            by_queue[(bytes(row["namespace_id"]), bytes(row["id"]))] = row
+    return by_app, by_queue
+
+
 async def queue_usage_add(
     tx: Tx, namespace_id: bytes, queue_id: bytes, unfinished: int, reservations: int, active: int
 ) -> None:
@@ -204,3 +226,52 @@ async def application_usage_add(
             "active": active,
         },
     )
+
+
+# -- node rounds: the usage deltas of many queues and applications, one statement per table --
+
+#: (unfinished, reservations, active) deltas.
+Delta = tuple[int, int, int]
+_USAGE_COLUMNS = ("unfinished_tasks", "reservations", "active_attempts")
+
+
+def usage_add_statements(
+    apps: Mapping[bytes, Delta], queues: Mapping[tuple[bytes, bytes], Delta]
+) -> list[tuple[str, list[Any]]]:
+    """The summed usage deltas of a round as at most two UPDATEs (application rows by id,
+    then queue usage rows by (namespace, queue id)): each row gets its own delta by id
+    (``CASE``); rows whose deltas are all zero are left out. The rows must be locked by the
+    caller (the lock order's first two levels). An UNSIGNED counter going below zero fails
+    the statement, as :func:`queue_usage_add` does."""
+    out: list[tuple[str, list[Any]]] = []
+    app_rows = {a: d for a, d in apps.items() if any(d)}
+    if app_rows:
+        sets, args = _delta_sets(app_rows, "application_id")
+        ids = sorted(app_rows)
+        out.append((
+            "UPDATE orbit_application_resources SET " + ", ".join(sets)
+            + " WHERE application_id IN (" + ", ".join(["%s"] * len(ids)) + ")",
+            [*args, *ids],
+        ))  # fmt: skip
+    queue_rows = {q: d for q, d in queues.items() if any(d)}
+    if queue_rows:
+        sets, args = _delta_sets({q[1]: d for q, d in queue_rows.items()}, "queue_id")
+        where, where_args = KeySet(queue_rows).predicate("namespace_id", "queue_id")
+        out.append((
+            "UPDATE pulse_queue_usage SET " + ", ".join(sets) + " WHERE " + where,
+            [*args, *where_args],
+        ))  # fmt: skip
+    return out
+
+
+def _delta_sets(rows: Mapping[bytes, Delta], id_column: str) -> tuple[list[str], list[Any]]:
+    sets: list[str] = []
+    args: list[Any] = []
+    for i, column in enumerate(_USAGE_COLUMNS):
+        values = {k: d[i] for k, d in rows.items()}
+        if not any(values.values()):
+            continue
+        expr, a = case_expr(values, id_column)
+        sets.append(f"{column} = {column} + {expr}")
+        args += a
+    return sets, args

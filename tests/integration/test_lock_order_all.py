@@ -159,8 +159,15 @@ def _keys(args: Any, single: str, many: str) -> set[bytes] | None:
 
 
 def usage_keys(table: str, args: Any) -> set[tuple[str, bytes]] | None:
-    """The usage rows a statement names (None: cannot tell)."""
+    """The usage rows a statement names (None: cannot tell).
+
+    A statement of a node round has positional arguments (orbit/storage/keys.py): every id
+    it names (16 bytes: applications, namespaces, queues) is taken as a key of either kind,
+    so an update after the first task lock must name no id the usage lock did not name."""
     out: set[tuple[str, bytes]] = set()
+    if isinstance(args, list | tuple):
+        ids = {bytes(a) for a in args if isinstance(a, bytes | bytearray) and len(a) == 16}
+        return {(kind, i) for i in ids for kind in ("a", "q")}
     if isinstance(args, dict) and "app_ids" in args and "queue_ids" in args:
         out |= {("a", bytes(k)) for k in args["app_ids"]}
         out |= {("q", bytes(k)) for k in args["queue_ids"]}

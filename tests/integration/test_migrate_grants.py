@@ -110,7 +110,7 @@ def test_an_applied_runtime_account_has_dml_only(
     code, _, err = run_cli(capsys, empty_db, "grants", "--user", account, "--apply")
     assert code == 2 and "--password" in err  # a new account needs a password
     code, out, _ = run_cli(
-        capsys, empty_db, "grants", "--user", account, "--apply", "--password", password
+        capsys, empty_db, "grants", "--user", account, "--apply", f"--password={password}"
     )
     assert code == 0 and "account created" in out
     code, out, _ = run_cli(capsys, empty_db, "grants", "--user", account, "--apply")

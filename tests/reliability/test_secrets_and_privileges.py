@@ -192,7 +192,7 @@ def runtime_account(dsn: DSN, server_dsn: DSN) -> Iterator[DSN]:
     password = secrets.token_urlsafe(16)
     r = subprocess.run(
         [sys.executable, "-m", "orbit_cmd.migrate", "--dsn", dsn.url(hide_password=False),
-         "grants", "--user", user, "--host", "%", "--apply", "--password", password],
+         "grants", "--user", user, "--host", "%", "--apply", f"--password={password}"],
         env=process_env(), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,290 @@
+"""Multi-namespace forms of the worker-side reads, locks and writes, for node rounds
+(``pulse/sql/attempts.sql``, the ``*_keys`` queries; ``orbit/storage/keys.py``).
+
+Every function takes a :class:`~orbit.storage.keys.KeySet` (rows grouped by namespace) and
+runs ONE statement whose predicate names the namespace of every row. Locking reads take
+their rows in ``(namespace_id, id)`` order. Results are keyed by ``(namespace_id, id)``.
+
+The write builders return ``(sql, args)`` for :meth:`~orbit.storage.Tx.execute_batch`: ONE
+guarded UPDATE per table for every row of a round, each row keeping its own guard (state,
+current attempt, revision — ``CASE id WHEN …`` in the WHERE clause) and its own values; the
+matched count (``CLIENT.FOUND_ROWS``) must equal the number of rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from orbit.storage import Tx, load_queries
+from orbit.storage.keys import KeySet, case_by_id, case_expr, expand, guard_by_id
+
+Q = load_queries(__file__, "attempts")
+
+Row = dict[str, Any]
+Key = tuple[bytes, bytes]
+
+
+def _by_key(rows: Sequence[Row], id_column: str = "id") -> dict[Key, Row]:
+    return {(bytes(r["namespace_id"]), bytes(r[id_column])): r for r in rows}
+
+
+async def attempt_peek_keys(tx: Tx, keys: KeySet) -> dict[Key, Row]:
+    """``task_id``, ``session_id``, ``queue_id``, ``owner_id``, ``concurrency_key_digest`` of
+    many attempts (no lock), by (namespace, attempt id)."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.attempt_peek_keys, keys)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+async def task_lock_keys(tx: Tx, keys: KeySet) -> dict[Key, Row]:
+    """Lock (FOR UPDATE, in key order) and return many task rows."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.task_lock_keys, keys)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+async def attempt_lock_keys(tx: Tx, keys: KeySet, now: datetime | None) -> dict[Key, Row]:
+    """Lock (FOR UPDATE, in key order) and return many attempt rows, each with ``db_now``."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.attempt_lock_keys, keys, now)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+async def session_state_keys(tx: Tx, keys: KeySet) -> dict[Key, Row]:
+    """``state`` and ``expires_at`` of many sessions (no lock)."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.session_state_keys, keys)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+async def queue_start_context_keys(tx: Tx, keys: KeySet, zero_id: bytes) -> dict[Key, Row]:
+    """``lease_ms`` and ``gate_closed`` (namespace or queue gate) of many queues."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.queue_start_context_keys, keys, zero_id)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+async def receipt_get_keys(tx: Tx, keys: KeySet) -> dict[Key, Row]:
+    """Receipts of many attempts, by (namespace, attempt id)."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.receipt_get_keys, keys)
+    return _by_key(await tx.fetchall(sql, args), "attempt_id")
+
+
+async def usage_lock_for_start_keys(
+    tx: Tx, queues: KeySet, owner_ids: Sequence[bytes]
+) -> tuple[dict[bytes, bool], dict[Key, bool]]:
+    """Lock the owners' application rows (sorted) then the queues' usage rows (sorted by
+    namespace, queue) in ONE statement; return whether each limits starts: (applications by
+    id, queues by (namespace, queue id))."""
+    apps = sorted(set(owner_ids))
+    assert apps and queues, "every attempt has a queue and an owner"
+    sql = Q.usage_lock_for_start_keys.replace("/*apps*/", ", ".join(["%s"] * len(apps)))
+    sql, args = expand(sql, queues, *apps)
+    rows = await tx.fetchall(sql, args)
+    by_app: dict[bytes, bool] = {}
+    by_queue: dict[Key, bool] = {}
+    for r in rows:
+        if r["kind"] == "a":
+            by_app[bytes(r["id"])] = bool(r["limited"])
+        else:
+            by_queue[(bytes(r["namespace_id"]), bytes(r["id"]))] = bool(r["limited"])
+    return by_app, by_queue
+
+
+# -- writes: one guarded UPDATE per table for every row of a round --------------------------
+
+
+def _where(keys: KeySet) -> tuple[str, list[Any]]:
+    return keys.predicate()
+
+
+def attempts_start_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
+    """OFFERED → RUNNING for the attempts of many namespaces: each row (by (namespace, id)) is
+    ``{"revision", "token_digest", "concurrency_token", "lease_expires_at"}``."""
+    by_id = {k[1]: v for k, v in rows.items()}
+    sets: list[str] = []
+    args: list[Any] = []
+    for column, key in (("execution_token_digest", "token_digest"),
+                        ("concurrency_token", "concurrency_token"),
+                        ("lease_expires_at", "lease_expires_at")):  # fmt: skip
+        sql, a = case_by_id(column, {i: r[key] for i, r in by_id.items()})
+        sets.append(sql)
+        args += a
+    where, where_args = _where(KeySet(rows))
+    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
+    sql = (
+        "UPDATE pulse_attempts SET state = 'RUNNING', " + ", ".join(sets)
+        + ", started_at = %s, revision = revision + 1 WHERE " + where
+        + " AND state = 'OFFERED' AND " + guard
+    )  # fmt: skip
+    return sql, [*args, now, *where_args, *guard_args]
+
+
+def tasks_start_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
+    """LEASED → RUNNING for the tasks of many namespaces: each row (by (namespace, id)) is
+    ``{"revision", "attempt_id", "generation", "lease_expires_at"}``."""
+    by_id = {k[1]: v for k, v in rows.items()}
+    attempts_sql, attempts_args = case_by_id("attempts", {i: r["generation"] for i, r in by_id.items()})
+    lease_sql, lease_args = case_by_id("lease_expires_at", {i: r["lease_expires_at"] for i, r in by_id.items()})
+    where, where_args = _where(KeySet(rows))
+    current, current_args = guard_by_id("current_attempt_id", {i: r["attempt_id"] for i, r in by_id.items()})
+    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
+    sql = (
+        "UPDATE pulse_tasks SET state = 'RUNNING', " + attempts_sql + ", started_at = %s, "
+        + lease_sql + ", state_version = state_version + 1, state_changed_at = %s,"
+        " revision = revision + 1 WHERE " + where
+        + " AND state = 'LEASED' AND " + current + " AND " + guard
+    )  # fmt: skip
+    return sql, [*attempts_args, now, *lease_args, now, *where_args, *current_args, *guard_args]
+
+
+def attempts_finish_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
+    """RUNNING → its end state for the attempts of many namespaces (``attempt_finish_if_running``
+    per row): each row is ``{"state", "result", "error", "retryable", "revision"}``."""
+    by_id = {k[1]: v for k, v in rows.items()}
+    sets: list[str] = []
+    args: list[Any] = []
+    for column in ("state", "result", "error", "retryable"):
+        sql, a = case_by_id(column, {i: r[column] for i, r in by_id.items()})
+        sets.append(sql)
+        args += a
+    where, where_args = _where(KeySet(rows))
+    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
+    sql = (
+        "UPDATE pulse_attempts SET " + ", ".join(sets)
+        + ", finished_at = %s, revision = revision + 1 WHERE " + where
+        + " AND state = 'RUNNING' AND " + guard
+    )  # fmt: skip
+    return sql, [*args, now, *where_args, *guard_args]
+
+
+def tasks_end_run_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
+    """RUNNING → finished, WAITING (retry) or NEEDS_REVIEW for the tasks of many namespaces
+    (``task_end_run_if_running`` per row): each row is ``{"attempt_id", "state", "result",
+    "error", "finished_at", "available_at", "effect_uncertain", "revision"}``."""
+    by_id = {k[1]: v for k, v in rows.items()}
+    sets: list[str] = []
+    args: list[Any] = []
+    for column in ("state", "result", "error", "finished_at", "effect_uncertain"):
+        sql, a = case_by_id(column, {i: r[column] for i, r in by_id.items()})
+        sets.append(sql)
+        args += a
+    # A row without a new available_at (NULL) keeps its own.
+    expr, a = case_expr({i: r["available_at"] for i, r in by_id.items()})
+    sets.append(f"available_at = COALESCE({expr}, available_at)")
+    args += a
+    where, where_args = _where(KeySet(rows))
+    current, current_args = guard_by_id("current_attempt_id", {i: r["attempt_id"] for i, r in by_id.items()})
+    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
+    sql = (
+        "UPDATE pulse_tasks SET " + ", ".join(sets)
+        + ", current_attempt_id = NULL, session_id = NULL, lease_expires_at = NULL,"
+        " cancel_requested = 0, state_version = state_version + 1, state_changed_at = %s,"
+        " revision = revision + 1 WHERE " + where
+        + " AND state = 'RUNNING' AND " + current + " AND " + guard
+    )  # fmt: skip
+    return sql, [*args, now, *where_args, *current_args, *guard_args]
+
+
+_RECEIPT_COLUMNS = ("namespace_id", "id", "attempt_id", "operation", "request_digest",
+                    "task_state", "created_at")  # fmt: skip
+
+
+def receipts_insert_statement(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[Any]]:
+    """One multi-row INSERT of receipts (``receipt_insert`` per row); each row has the
+    columns of :data:`_RECEIPT_COLUMNS`."""
+    values = "(" + ", ".join(["%s"] * len(_RECEIPT_COLUMNS)) + ")"
+    sql = (
+        "INSERT INTO pulse_attempt_receipts (" + ", ".join(_RECEIPT_COLUMNS) + ") VALUES "
+        + ", ".join([values] * len(rows))
+    )  # fmt: skip
+    args: list[Any] = []
+    for r in rows:
+        args += [r[c] for c in _RECEIPT_COLUMNS]
+    return sql, args
+
+
+# -- heartbeats ------------------------------------------------------------------------------
+
+
+async def session_lock_keys(tx: Tx, keys: KeySet, now: datetime | None) -> dict[Key, Row]:
+    """Lock (FOR UPDATE, in key order) and return many sessions, each with ``db_now`` and
+    whether its credential (``credential_ok``) and application (``application_ok``) still
+    allow it."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.session_lock_keys, keys, now, now)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+async def attempt_heartbeat_view_keys(tx: Tx, keys: KeySet) -> dict[Key, Row]:
+    """The attempt, its task's state and cancel flag, and the queue's lease (no lock)."""
+    if not keys:
+        return {}
+    sql, args = expand(Q.attempt_heartbeat_view_keys, keys)
+    return _by_key(await tx.fetchall(sql, args))
+
+
+def sessions_extend_statement(rows: Mapping[Key, datetime], now: datetime) -> tuple[str, list[Any]]:
+    """Extend many ACTIVE, unexpired sessions to their new ``expires_at`` (by (namespace,
+    id)); a dead session is never revived (``session_extend_if_active`` per row)."""
+    expr, args = case_expr({k[1]: v for k, v in rows.items()})
+    where, where_args = KeySet(rows).predicate()
+    return (
+        "UPDATE pulse_worker_sessions SET expires_at = " + expr + ", revision = revision + 1"
+        " WHERE " + where + " AND state = 'ACTIVE' AND expires_at > %s",
+        [*args, *where_args, now],
+    )
+
+
+def instances_touch_statement(keys: KeySet, now: datetime) -> tuple[str, list[Any]]:
+    """``last_seen_at`` of many worker instances moves forward to ``now`` (``instance_touch``
+    per row)."""
+    where, where_args = keys.predicate()
+    return (
+        "UPDATE pulse_worker_instances SET last_seen_at = GREATEST(last_seen_at, %s),"
+        " revision = revision + 1 WHERE " + where,
+        [now, *where_args],
+    )
+
+
+def heartbeat_statements(
+    rows: Mapping[Key, Mapping[str, Any]], now: datetime
+) -> list[tuple[str, list[Any]]]:
+    """Extend the leases of many running attempts and of their tasks' mirrors: each row (by
+    (namespace, attempt id)) is ``{"task_id", "session_id", "lease_expires_at"}``. Two
+    guarded UPDATEs (tasks, then attempts: the lock order), each row still RUNNING its
+    attempt, bound to its session, with a lease that has not passed; the matched counts
+    must both be the number of rows."""
+    tasks = {(k[0], r["task_id"]): r for k, r in rows.items()}
+    task_expr, task_args = case_expr({k[1]: r["lease_expires_at"] for k, r in tasks.items()})
+    task_where, task_where_args = KeySet(tasks).predicate()
+    current, current_args = guard_by_id(
+        "current_attempt_id", {r["task_id"]: k[1] for k, r in rows.items()}
+    )
+    attempt_expr, attempt_args = case_expr({k[1]: r["lease_expires_at"] for k, r in rows.items()})
+    attempt_where, attempt_where_args = KeySet(rows).predicate()
+    holder, holder_args = guard_by_id("session_id", {k[1]: r["session_id"] for k, r in rows.items()})
+    return [
+        (
+            "UPDATE pulse_tasks SET lease_expires_at = " + task_expr + ", revision = revision + 1"
+            " WHERE " + task_where + " AND state = 'RUNNING' AND " + current
+            + " AND lease_expires_at > %s",
+            [*task_args, *task_where_args, *current_args, now],
+        ),
+        (
+            "UPDATE pulse_attempts SET lease_expires_at = " + attempt_expr
+            + ", revision = revision + 1 WHERE " + attempt_where + " AND state = 'RUNNING' AND "
+            + holder + " AND lease_expires_at > %s",
+            [*attempt_args, *attempt_where_args, *holder_args, now],
+        ),
+    ]

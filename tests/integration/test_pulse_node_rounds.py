@@ -1,0 +1,175 @@
+"""Node rounds of the worker side: the starts (or reports) of several namespaces and
+applications in ONE transaction, each item judged exactly as it would be alone.
+
+* a start round and a report round over three applications (one with two namespaces),
+  items interleaved, with failures of one item (not found, stale token, unreadable JSON,
+  a replay) that touch nobody else; counters equal a recount in every namespace; result
+  sequences gap-free per namespace; one transaction per round;
+* an application's start-rate window is shared by all its namespaces inside one round
+  (two namespaces of one application never grant more than its limit together);
+* the node's group commit mixes namespaces in one round under concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from pulse_fixtures import Tenant
+from pulse_worker_support import FakeConn, check_invariants, connect, open_session, task_row
+
+from orbit.errors import InvalidRequest, StaleToken
+from orbit.ids import new_id, parse_id
+from orbit.storage import Database, Tx
+from pulse import wire
+from pulse.attempts import Report
+from pulse.batcher import WorkerBatches
+from pulse.dispatch import Dispatcher
+from pulse.errors import AttemptNotFound
+from pulse.hub import Hub
+from pulse.report_round import report_round
+from pulse.start_round import start_round
+
+
+async def offered(db: Database, hub: Hub, t: Tenant, n: int, **session: Any) -> tuple[FakeConn, list[wire.Offer]]:
+    for _ in range(n):
+        await t.submit()
+    info, _ = await open_session(db, t, max_concurrency=n, **session)
+    conn = await connect(db, hub, info)
+    assert await Dispatcher(db, hub).dispatch_to(conn) == n
+    return conn, conn.take_offers()
+
+
+async def result_seqs(db: Database, ns: bytes) -> list[int]:
+    async def run(tx: Tx) -> list[int]:
+        rows = await tx.fetchall(
+            "SELECT seq FROM orbit_result_events WHERE namespace_id = %s ORDER BY seq", (ns,)
+        )
+        return [int(r["seq"]) for r in rows]
+
+    return await db.read(run)
+
+
+def commits(db: Database) -> int:
+    return db.stats.commits
+
+
+async def test_rounds_over_several_namespaces_judge_each_item_alone(db, tenant) -> None:
+    hub = Hub("node-rounds")
+    a, b = await tenant(), await tenant()
+    a2 = await a.other_namespace()  # a second namespace of application a
+    tenants = [a, b, a2]
+    conns: list[FakeConn] = []
+    offers: list[list[wire.Offer]] = []
+    for t in tenants:
+        conn, got = await offered(db, hub, t, 3)
+        conns.append(conn)
+        offers.append(got)
+    # Interleaved across namespaces; one attempt of another namespace's id given for `b`.
+    items: list[tuple[bytes, bytes, bytes]] = []
+    for i in range(3):
+        for t, conn, got in zip(tenants, conns, offers, strict=True):
+            items.append((t.namespace_id, conn.info.session_id, parse_id(got[i].attempt_id)))
+    wrong_ns = (b.namespace_id, conns[1].info.session_id, parse_id(offers[0][0].attempt_id))
+    missing = (a.namespace_id, conns[0].info.session_id, new_id())
+    before = commits(db)
+    replies = await start_round(db, [*items[:4], wrong_ns, missing, *items[4:]])
+    # One transaction for the whole round. `wrong_ns` names a's attempt under b's
+    # namespace: not found there (a namespace never sees another's rows).
+    assert commits(db) - before == 1
+    by_item = dict(zip([*items[:4], wrong_ns, missing, *items[4:]], replies, strict=True))
+    assert isinstance(by_item[wrong_ns], wire.StartDenied) and by_item[wrong_ns].reason == "not_found"
+    assert isinstance(by_item[missing], wire.StartDenied) and by_item[missing].reason == "not_found"
+    started = {it: by_item[it] for it in items}
+    assert all(isinstance(s, wire.Started) and s.generation == 1 for s in started.values())
+    for t, got in zip(tenants, offers, strict=True):
+        for o in got:
+            assert (await task_row(db, t, o.task.id))["state"] == "RUNNING"
+        await check_invariants(db, t.namespace_id)
+
+    # The report round: per namespace one stale token, one unreadable result, the rest good;
+    # then the same good reports again (replayed) in the next round.
+    reports: list[tuple[bytes, Report]] = []
+    for n, (ns, _, aid) in enumerate(items):
+        s = started[(ns, _, aid)]
+        assert isinstance(s, wire.Started)
+        if n == 0:
+            reports.append((ns, Report("complete", aid, s.execution_token + "x", result=msgspec.Raw(b"1"))))
+        elif n == 1:
+            reports.append((ns, Report("complete", aid, s.execution_token, result=msgspec.Raw(b'{"x": tru'))))
+        else:
+            reports.append((ns, Report("complete", aid, s.execution_token, result=msgspec.Raw(f'{{"n": {n}}}'.encode()))))
+    before = commits(db)
+    outcomes = await report_round(db, reports)
+    assert commits(db) - before == 1
+    assert isinstance(outcomes[0], StaleToken)
+    assert isinstance(outcomes[1], InvalidRequest)
+    assert all(isinstance(o, wire.Receipt) and o.outcome == "applied" for o in outcomes[2:])
+    again = await report_round(db, reports[2:])
+    assert all(isinstance(o, wire.Receipt) and o.outcome == "replayed" for o in again)
+    assert [o.receipt_id for o in again] == [o.receipt_id for o in outcomes[2:]]  # type: ignore[union-attr]
+    for n, (ns, rep) in enumerate(reports[2:], start=2):
+        t = next(t for t in tenants if t.namespace_id == ns)
+        task_id = next(o.task.id for got in offers for o in got if parse_id(o.attempt_id) == rep.attempt_id)
+        row = await task_row(db, t, task_id)
+        assert row["state"] == "SUCCEEDED" and row["result"] == f'{{"n": {n}}}'
+    for t in tenants:
+        await check_invariants(db, t.namespace_id)
+        done = sum(1 for ns, _ in reports[2:] if ns == t.namespace_id)
+        assert await result_seqs(db, t.namespace_id) == list(range(1, done + 1))
+
+
+async def test_an_application_start_window_is_shared_by_its_namespaces(db, tenant) -> None:
+    hub = Hub("node-rounds-rate")
+    a = await tenant()
+    a2 = await a.other_namespace()
+
+    async def set_rate(tx: Tx) -> None:
+        await tx.execute(
+            "UPDATE orbit_application_resources SET max_starts_per_second = 2"
+            " WHERE application_id = %s",
+            (a.application_id,),
+        )
+
+    await db.transaction(set_rate)
+    items = []
+    for t in (a, a2):
+        conn, got = await offered(db, hub, t, 2)
+        items += [(t.namespace_id, conn.info.session_id, parse_id(o.attempt_id)) for o in got]
+    replies = await start_round(db, items)
+    granted = [r for r in replies if isinstance(r, wire.Started)]
+    denied = [r for r in replies if isinstance(r, wire.StartDenied)]
+    assert len(granted) == 2, replies
+    assert [d.reason for d in denied] == ["rate_limited", "rate_limited"]
+    for t in (a, a2):
+        await check_invariants(db, t.namespace_id)
+
+
+async def test_the_node_group_commit_mixes_namespaces(db, tenant) -> None:
+    hub = Hub("node-rounds-batcher")
+    tenants = [await tenant() for _ in range(4)]
+    work: list[tuple[Tenant, FakeConn, wire.Offer]] = []
+    for t in tenants:
+        conn, got = await offered(db, hub, t, 6)
+        work += [(t, conn, o) for o in got]
+    batches = WorkerBatches(db, max_batch=64)
+    # Every start is queued before the round runs (the round starts on the next turn of the
+    # event loop): all four namespaces' starts go in ONE round (per-namespace group commit
+    # made four).
+    started = await asyncio.gather(*(
+        batches.start(t.namespace_id, c.info.session_id, parse_id(o.attempt_id))
+        for t, c, o in work
+    ))  # fmt: skip
+    assert all(isinstance(s, wire.Started) for s in started)
+    assert batches.starts.stats.batches == 1 and batches.starts.stats.largest == len(work)
+    reps = [
+        (t.namespace_id, Report("complete", parse_id(s.attempt_id), s.execution_token, result=msgspec.Raw(b"1")))
+        for (t, _, _), s in zip(work, started, strict=True)
+    ]
+    receipts = await asyncio.gather(*(batches.report(ns, r) for ns, r in reps))
+    assert all(r.task_state == "SUCCEEDED" for r in receipts)
+    for t in tenants:
+        assert await result_seqs(db, t.namespace_id) == list(range(1, 7))
+        await check_invariants(db, t.namespace_id)
+    assert not [r for r in receipts if isinstance(r, AttemptNotFound)]
