@@ -174,24 +174,7 @@ async def append_events(
     tx: Tx, namespace_id: bytes, events: Sequence[NewEvent], *, now: datetime | None = None
 ) -> list[bytes]:
     """Append many raw events with one multi-row INSERT; return their ids in order."""
-    if not events:
-        return []
-    stamp = now or await store.clock_now(tx)
-    rows = [
-        {
-            "namespace_id": namespace_id,
-            "id": new_id(),
-            "type": e.type,
-            "subject_kind": e.subject_kind,
-            "subject_id": e.subject_id,
-            "data": _JSON.encode(e.data).decode(),
-            "request_id": e.request_id,
-            "created_at": stamp,
-        }
-        for e in events
-    ]
-    await store.event_insert_many(tx, rows)
-    return [r["id"] for r in rows]
+    return await append_events_across(tx, [(namespace_id, e) for e in events], now=now)
 
 
 #: The column list of ``event_insert_many`` (orbit/sql/events.sql), for
@@ -250,34 +233,9 @@ async def append_result_events(
     one multi-row INSERT. Call it LAST in the transaction: the stream row is locked from here
     to COMMIT. Raises ValueError for a state without a result event type.
     """
-    if not snapshots:
-        return []
-    for s in snapshots:
-        if s.state not in RESULT_EVENT_TYPES:
-            raise ValueError(f"no result event for task state {s.state!r}")
-    last, stamp = await store.event_stream_advance(tx, namespace_id, len(snapshots), now)
-    first = last - len(snapshots) + 1
-    rows = [
-        {
-            "namespace_id": namespace_id,
-            "seq": first + i,
-            "event_id": s.event_id or new_id(),
-            "type": RESULT_EVENT_TYPES[s.state],
-            "task_id": s.task_id,
-            "queue": s.queue,
-            "kind": s.kind,
-            "owner_id": s.owner_id,
-            "state": s.state,
-            "result": _json_text(s.result),
-            "error": _json_text(s.error),
-            "attempts": s.attempts,
-            "finished_at": s.finished_at,
-            "created_at": stamp,
-        }
-        for i, s in enumerate(snapshots)
-    ]
-    await store.result_event_insert_many(tx, rows)
-    return [r["seq"] for r in rows]
+    return await append_result_events_across(
+        tx, [(namespace_id, s) for s in snapshots], now=now
+    )
 
 
 async def append_events_across(

@@ -91,7 +91,7 @@ def known_queries(dirs: Iterable[Path] = SQL_DIRS) -> dict[str, str]:
 def _strip_comments(sql: str) -> str:
     # A node round's keys marker (orbit/storage/keys.py) becomes one namespace_id group per
     # namespace when the statement runs: it is a namespace predicate.
-    sql = re.sub(r"/\*keys\s+([\w.]+)\s+[\w.]+\s*\*/", r" \1 = ? ", sql)
+    sql = re.sub(r"/\*keys(?:\s+[\w.]+\s+[\w.]+)?\s*\*/", " namespace_id = ? ", sql)
     sql = re.sub(r"--[^\n]*", " ", sql)
     return re.sub(r"/\*.*?\*/", " ", sql, flags=re.S)
 

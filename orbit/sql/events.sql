@@ -27,20 +27,6 @@ WHERE namespace_id = %(namespace_id)s AND subject_kind = %(subject_kind)s
 ORDER BY created_at, id
 LIMIT %(limit)s
 
--- name: event_stream_advance
--- Takes n sequence numbers in one statement: inserts the stream row at n, or adds n to it.
--- The row stays locked until COMMIT, so sequence numbers commit in order and a rollback
--- gives them back (no gaps).
-INSERT INTO orbit_event_streams (namespace_id, last_seq, updated_at)
-VALUES (%(namespace_id)s, %(n)s, COALESCE(%(now)s, UTC_TIMESTAMP(6)))
-ON DUPLICATE KEY UPDATE last_seq = last_seq + %(n)s,
-  updated_at = COALESCE(%(now)s, UTC_TIMESTAMP(6))
-
--- name: event_stream_get
-SELECT last_seq, updated_at, UTC_TIMESTAMP(6) AS db_now
-FROM orbit_event_streams
-WHERE namespace_id = %(namespace_id)s
-
 -- name: result_event_insert_many
 INSERT INTO orbit_result_events
   (namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state, result, error,

@@ -42,21 +42,6 @@ async def event_list_for_subject(
     )
 
 
-async def event_stream_advance(
-    tx: Tx, namespace_id: bytes, n: int, now: datetime | None
-) -> tuple[int, datetime]:
-    """Take ``n`` sequence numbers; return (last_seq after the increment, the time to stamp).
-
-    The stream row stays locked by this transaction until it ends.
-    """
-    _, row = await tx.pipeline(  # one round trip: the upsert, then the row as it left it
-        tx.execute(Q.event_stream_advance, {"namespace_id": namespace_id, "n": n, "now": now}),
-        tx.fetchone(Q.event_stream_get, {"namespace_id": namespace_id}),
-    )
-    assert row is not None
-    return int(row["last_seq"]), (now or row["db_now"])
-
-
 async def event_streams_advance_many(
     tx: Tx, counts: dict[bytes, int], now: datetime | None
 ) -> tuple[dict[bytes, int], datetime]:
