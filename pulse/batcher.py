@@ -27,6 +27,7 @@ any request whose reply is lost; receipts and fencing tokens make that safe.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 from collections import deque
@@ -111,7 +112,11 @@ class GroupCommit(Generic[K, I, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(key, deque()).append(_Entry(item, future))
         if key not in self._running:
-            task = asyncio.create_task(self._drain(key), name=f"{self.name}-drain")
+            # A round is the node's work, for every tenant in it: it runs in a fresh context
+            # (no tenant: the pool's fair gate does not charge it to whoever came first).
+            task = asyncio.create_task(
+                self._drain(key), name=f"{self.name}-drain", context=contextvars.Context()
+            )
             self._running[key] = task
         return await future
 
