@@ -26,7 +26,7 @@ import msgspec
 
 from orbit import audit
 from orbit.audit import Actor
-from orbit.errors import Conflict, InvalidRequest, NotFound, PreconditionFailed
+from orbit.errors import Conflict, Forbidden, InvalidRequest, NotFound, PreconditionFailed
 from orbit.events import RESULT_EVENT_TYPES, ResultEvent, last_result_seq
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
@@ -187,6 +187,32 @@ def compile_filter(row: SubscriptionRow) -> EventFilter:
     return EventFilter(parse_filter(row.filter))
 
 
+def visible_to(row: SubscriptionRow, queues: frozenset[str] | None) -> bool:
+    """May a key limited to ``queues`` (None: not limited) see and use this subscription?
+    Only when its filter names queues and every one of them is allowed: a subscription over
+    all queues (no queue filter) carries other queues' results."""
+    if queues is None:
+        return True
+    named = parse_filter(row.filter).queues
+    return bool(named) and set(named) <= queues
+
+
+def check_filter_queues(spec: SubscriptionFilter | None, queues: frozenset[str] | None) -> None:
+    """403 unless a key limited to ``queues`` asks only for allowed queues, by name."""
+    if queues is None:
+        return
+    if spec is None or not spec.queues:
+        raise Forbidden(
+            "this key is limited to some queues: the filter must name allowed queues",
+            field="filter.queues",
+        )
+    denied = sorted(set(spec.queues) - queues)
+    if denied:
+        raise Forbidden(
+            f"the key may not use queue {denied[0]!r}", field="filter.queues", queues=denied
+        )
+
+
 def _start_json(start: Any) -> str:
     return _JSON.encode(start).decode()
 
@@ -251,8 +277,12 @@ async def put_subscription(
     precondition: Callable[[int | None], None] | None = None,
     request_id: str | None = None,
     now: datetime | None = None,
+    allowed_queues: frozenset[str] | None = None,
 ) -> tuple[SubscriptionRow, bool, bool]:
     """Create or update a subscription; return (row, created, changed).
+
+    ``allowed_queues`` (a key limited to some queues): the filter must name only allowed
+    queues (403), and an existing subscription the key may not see is a 404.
 
     Preconditions are checked against the locked row, so check and write are atomic:
     ``precondition(current_revision or None)`` (the HTTP layer passes
@@ -278,9 +308,14 @@ async def put_subscription(
 
     async def run(tx: Tx) -> tuple[SubscriptionRow, bool, bool]:
         row = await store.subscription_get_by_name(tx, namespace_id, name, for_update=True)
+        if row is not None and not visible_to(row, allowed_queues):
+            raise NotFound("subscription")
         check(None if row is None else row.revision)
         if row is None:
+            check_filter_queues(spec, allowed_queues)
             return await _create(tx, spec, body), True, True
+        if spec is not None:
+            check_filter_queues(spec, allowed_queues)
         if body.start is not msgspec.UNSET and _start_json(body.start) != _start_json(
             msgspec.json.decode(row.start_spec)
         ):
@@ -358,16 +393,38 @@ async def put_subscription(
         return await db.transaction(run)  # the other create won: this is now an update
 
 
-async def get_subscription(db: Database, namespace_id: bytes, name: str) -> SubscriptionRow:
-    """The subscription named ``name``; NotFound (404) when absent."""
+async def get_subscription(
+    db: Database, namespace_id: bytes, name: str, allowed_queues: frozenset[str] | None = None
+) -> SubscriptionRow:
+    """The subscription named ``name``; NotFound (404) when absent or not visible to a key
+    limited to ``allowed_queues`` (:func:`visible_to`)."""
 
     async def run(tx: Tx) -> SubscriptionRow | None:
         return await store.subscription_get_by_name(tx, namespace_id, name)
 
     row = await db.read(run)
-    if row is None:
+    if row is None or not visible_to(row, allowed_queues):
         raise NotFound("subscription")
     return row
+
+
+async def check_delivery_visible(
+    db: Database, namespace_id: bytes, delivery_id: bytes, allowed_queues: frozenset[str] | None
+) -> None:
+    """404 when a key limited to ``allowed_queues`` may not see the delivery's subscription
+    (nothing is read for an unlimited key)."""
+    if allowed_queues is None:
+        return
+
+    async def run(tx: Tx) -> SubscriptionRow | None:
+        d = await delivery_store.delivery_get(tx, namespace_id, delivery_id)
+        return (
+            None if d is None else await store.subscription_get(tx, namespace_id, d.subscription_id)
+        )
+
+    row = await db.read(run)
+    if row is None or not visible_to(row, allowed_queues):
+        raise NotFound("delivery")
 
 
 async def read_backlog(tx: Tx, row: SubscriptionRow) -> Backlog:
@@ -385,13 +442,14 @@ async def read_backlog(tx: Tx, row: SubscriptionRow) -> Backlog:
 
 
 async def get_subscription_with_backlog(
-    db: Database, namespace_id: bytes, name: str
+    db: Database, namespace_id: bytes, name: str, allowed_queues: frozenset[str] | None = None
 ) -> tuple[SubscriptionRow, Backlog]:
-    """``GET .../subscriptions/{name}``: the row and its backlog, read together."""
+    """``GET .../subscriptions/{name}``: the row and its backlog, read together (404 as
+    :func:`get_subscription`)."""
 
     async def run(tx: Tx) -> tuple[SubscriptionRow, Backlog] | None:
         row = await store.subscription_get_by_name(tx, namespace_id, name)
-        if row is None:
+        if row is None or not visible_to(row, allowed_queues):
             return None
         return row, await read_backlog(tx, row)
 

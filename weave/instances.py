@@ -279,6 +279,32 @@ async def get_instance(db: Database, namespace_id: bytes, instance_id: str) -> I
     return await db.read(run)
 
 
+async def _queues_allowed(tx: Tx, row: InstanceRow, allowed_queues: frozenset[str] | None) -> bool:
+    """May a key limited to ``allowed_queues`` (None: not limited) see the instance? Only
+    when every queue its version's task and poll steps submit to is allowed."""
+    if allowed_queues is None:
+        return True
+    d = await load_definition(tx, row.namespace_id, row.definition_id, row.version)
+    return definition_queues(d) <= allowed_queues
+
+
+async def check_visible(
+    db: Database, namespace_id: bytes, instance_id: str, allowed_queues: frozenset[str] | None
+) -> None:
+    """404 when a key limited to ``allowed_queues`` may not see the instance (nothing is
+    read for an unlimited key): its steps run on queues the key may not use."""
+    if allowed_queues is None:
+        return
+    iid = _instance_id(instance_id)
+
+    async def run(tx: Tx) -> bool:
+        row = await store.instance_get(tx, namespace_id, iid)
+        return row is not None and await _queues_allowed(tx, row, allowed_queues)
+
+    if not await db.read(run):
+        raise InstanceNotFound()
+
+
 async def list_instances(
     db: Database,
     namespace_id: bytes,
@@ -287,8 +313,11 @@ async def list_instances(
     state: str | None = None,
     before: tuple[datetime, bytes] | None = None,
     limit: int = 50,
+    allowed_queues: frozenset[str] | None = None,
 ) -> tuple[list[InstanceOut], tuple[datetime, bytes] | None]:
-    """Instances newest first (optionally of one workflow / in one state), keyset-paged."""
+    """Instances newest first (optionally of one workflow / in one state), keyset-paged.
+    A key limited to ``allowed_queues`` sees only instances :func:`check_visible` allows (a
+    page may then hold fewer than ``limit``)."""
 
     async def run(tx: Tx) -> tuple[list[InstanceOut], tuple[datetime, bytes] | None]:
         definition_id: bytes | None = None
@@ -301,7 +330,7 @@ async def list_instances(
             before_at=at, before_id=bid, limit=limit,
         )  # fmt: skip
         nxt = (rows[-1].created_at, rows[-1].id) if len(rows) == limit else None
-        return [instance_out(r) for r in rows], nxt
+        return [instance_out(r) for r in rows if await _queues_allowed(tx, r, allowed_queues)], nxt
 
     return await db.read(run)
 

@@ -6,6 +6,10 @@ and translate; the rules live in :mod:`orbit.subscriptions` and :mod:`orbit.deli
 
 Actions: ``subscriptions.manage`` for PUT and ``/budget``; ``subscriptions.consume`` for the
 stream, pull, ack, nack; GET (config + backlog) and the delivery history accept either.
+
+A key limited to some queues reaches only subscriptions whose filter names queues, all of
+them allowed (``orbit.subscriptions.visible_to``): others answer 404 on every route, and a
+PUT must name allowed queues in ``filter.queues`` (403 otherwise).
 """
 
 from __future__ import annotations
@@ -105,6 +109,13 @@ def _namespace(p: Principal) -> bytes:
     return p.namespace_id
 
 
+async def _check_delivery(conn: HTTPConnection, p: Principal, delivery_id: bytes) -> None:
+    """A key limited to some queues reaches only deliveries of subscriptions it may see."""
+    await subscriptions.check_delivery_visible(
+        conn.app.state.ctx.db, _namespace(p), delivery_id, p.queues
+    )
+
+
 def _delivery_id(conn: HTTPConnection) -> bytes:
     delivery_id = parse_id(conn.path_params["id"])
     if delivery_id is None:
@@ -133,6 +144,7 @@ async def put_subscription(request: Request) -> Response:
         body,
         precondition=preconditions(request).check,
         request_id=request_id(request),
+        allowed_queues=p.queues,
     )
     return json_response(
         subscription_out(row), 201 if created else 200, {"ETag": etag(row.revision)}
@@ -147,7 +159,7 @@ async def get_subscription(request: Request) -> Response:
     ns, name = request.path_params["ns"], request.path_params["name"]
     p = await _authorize_either(request, ns)
     row, backlog = await subscriptions.get_subscription_with_backlog(
-        request.app.state.ctx.db, _namespace(p), name
+        request.app.state.ctx.db, _namespace(p), name, p.queues
     )
     return json_response(subscription_out(row, backlog), 200, {"ETag": etag(row.revision)})
 
@@ -169,7 +181,7 @@ async def list_deliveries(request: Request) -> Response:
     after = position.get("seq", 0) if position else 0
     if not isinstance(after, int) or isinstance(after, bool) or after < 0:
         raise InvalidRequest("cursor is not valid", field="cursor")
-    sub = await subscriptions.get_subscription(db, _namespace(p), name)
+    sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
     rows = await deliveries.list_history(
         db, _namespace(p), sub.id, state=state, after_seq=after, limit=limit
     )
@@ -190,7 +202,7 @@ async def pull(request: Request) -> Response:
     p = await authorize(request, CONSUME, ns)
     body = await _optional_body(request, PullBody, PullBody())
     db = request.app.state.ctx.db
-    sub = await subscriptions.get_subscription(db, _namespace(p), name)
+    sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
     hub = _hub(request)
     wake = hub.watch(sub.namespace_id, sub.id)
     deadline = time.monotonic() + body.wait_ms / 1000.0
@@ -217,6 +229,7 @@ async def ack_delivery(request: Request) -> Response:
     p = await authorize(request, CONSUME, request.path_params["ns"])
     delivery_id = _delivery_id(request)
     body = await decode_body(request, ProofBody)
+    await _check_delivery(request, p, delivery_id)
     acks = _hub(request).ack_round(request.app.state.ctx.db)  # this node's round of acks
     result = await acks.submit(deliveries.AckItem(_namespace(p), delivery_id, body.proof))
     return json_response(result)
@@ -230,6 +243,7 @@ async def nack_delivery(request: Request) -> Response:
     p = await authorize(request, CONSUME, request.path_params["ns"])
     delivery_id = _delivery_id(request)
     body = await decode_body(request, NackBody)
+    await _check_delivery(request, p, delivery_id)
     info = await deliveries.nack(
         request.app.state.ctx.db, _namespace(p), delivery_id, body.proof, body.retry_after_ms
     )
@@ -249,6 +263,7 @@ async def add_budget(request: Request) -> Response:
     delivery_id = _delivery_id(request)
     audit_intent(request, deliveries.BUDGET_ACTION, "delivery", delivery_id, _namespace(p))
     body = await decode_body(request, BudgetBody)
+    await _check_delivery(request, p, delivery_id)
     reply = await deliveries.add_budget_reply(
         request.app.state.ctx.db,
         _namespace(p),
@@ -278,7 +293,7 @@ async def stream(ws: WebSocket) -> None:
     ns, name = ws.path_params["ns"], ws.path_params["name"]
     p = await authorize(ws, CONSUME, ns)
     ctx = ws.app.state.ctx
-    sub = await subscriptions.get_subscription(ctx.db, _namespace(p), name)
+    sub = await subscriptions.get_subscription(ctx.db, _namespace(p), name, p.queues)
     await ws.accept()
     options = ctx.extras.get(STREAM_OPTIONS_KEY)
     conn = StreamConnection(

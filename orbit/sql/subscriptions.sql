@@ -9,6 +9,12 @@ SELECT namespace_id, id, name, filter, start_spec, after_seq, ack_timeout_ms, ma
 FROM orbit_subscriptions
 WHERE namespace_id = %(namespace_id)s AND name = %(name)s
 
+-- name: subscription_get
+SELECT namespace_id, id, name, filter, start_spec, after_seq, ack_timeout_ms, max_deliveries,
+  max_in_flight, revision, created_at, updated_at
+FROM orbit_subscriptions
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s
+
 -- name: subscription_get_by_name_for_update
 SELECT namespace_id, id, name, filter, start_spec, after_seq, ack_timeout_ms, max_deliveries,
   max_in_flight, revision, created_at, updated_at

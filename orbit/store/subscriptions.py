@@ -61,6 +61,15 @@ async def subscription_get_by_name(
     return _row(await tx.fetchone(sql, {"namespace_id": namespace_id, "name": name}))
 
 
+async def subscription_get(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes
+) -> SubscriptionRow | None:
+    """The subscription with this id (no lock), or None."""
+    return _row(
+        await tx.fetchone(Q.subscription_get, {"namespace_id": namespace_id, "id": subscription_id})
+    )
+
+
 async def subscription_lock(
     tx: Tx, namespace_id: bytes, subscription_id: bytes, *, skip_locked: bool = False
 ) -> SubscriptionRow | None:

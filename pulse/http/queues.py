@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from orbit.context import AppContext
+from orbit.errors import Forbidden
 from orbit.http.auditing import audit_intent, request_id
 from orbit.http.auth import authorize
 from orbit.http.body import decode_optional, read_body
@@ -137,6 +138,8 @@ async def _namespace_gate(request: Request, paused: bool) -> Response:
         request, "queues.pause" if paused else "queues.resume", "namespace",
         principal.namespace_id, principal.namespace_id,
     )  # fmt: skip
+    if principal.queues is not None:  # the namespace gate stops every queue's starts
+        raise Forbidden("a key limited to some queues may not pause or resume the namespace")
     gate = await service.set_namespace_paused(
         _ctx(request).db,
         principal.namespace_id,
@@ -148,13 +151,14 @@ async def _namespace_gate(request: Request, paused: bool) -> Response:
 
 
 @api(
-    "Pause the namespace gate (no new starts in any queue)", errors=[404], action=ACTION, tags=TAGS
-)
+    "Pause the namespace gate (no new starts in any queue)", errors=[403, 404], action=ACTION,
+    tags=TAGS,
+)  # fmt: skip
 async def pause_namespace(request: Request) -> Response:
     return await _namespace_gate(request, True)
 
 
-@api("Resume the namespace gate", errors=[404], action=ACTION, tags=TAGS)
+@api("Resume the namespace gate", errors=[403, 404], action=ACTION, tags=TAGS)
 async def resume_namespace(request: Request) -> Response:
     return await _namespace_gate(request, False)
 

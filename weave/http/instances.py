@@ -71,6 +71,13 @@ async def _authorize_read(request: Request) -> Principal:
     return await authorize(request, action, request.path_params["ns"])
 
 
+async def _check_visible(request: Request, principal: Principal) -> None:
+    """404 for an instance whose steps run on queues a queue-limited key may not use."""
+    await instances.check_visible(
+        _ctx(request).db, _ns(principal), request.path_params["id"], principal.queues
+    )
+
+
 def _instance_response(out: InstanceOut, status: int = 200) -> Response:
     return json_response(out, status, headers={"ETag": f'"{out.control_revision}"'})
 
@@ -100,6 +107,7 @@ async def start_instance(request: Request) -> Response:
 )  # fmt: skip
 async def get_instance(request: Request) -> Response:
     principal = await _authorize_read(request)
+    await _check_visible(request, principal)
     out = await instances.get_instance(_ctx(request).db, _ns(principal), request.path_params["id"])
     return _instance_response(out)
 
@@ -113,6 +121,7 @@ async def get_instance(request: Request) -> Response:
 )  # fmt: skip
 async def get_history(request: Request) -> Response:
     principal = await _authorize_read(request)
+    await _check_visible(request, principal)
     instance_id = request.path_params["id"]
     limit = parse_limit(request.query_params.get("limit"), default=500, maximum=5000)
     position = decode_cursor(request.query_params.get("cursor"), {"instance": instance_id})
@@ -148,7 +157,7 @@ async def list_instances(request: Request) -> Response:
             raise InvalidRequest("cursor is not valid", field="cursor") from None
     items, nxt = await instances.list_instances(
         _ctx(request).db, _ns(principal), workflow=workflow, state=state, before=before,
-        limit=limit,
+        limit=limit, allowed_queues=principal.queues,
     )  # fmt: skip
     cursor = (
         encode_cursor({"at": nxt[0].isoformat(), "id": id_hex(nxt[1])}, filters) if nxt else None
@@ -167,6 +176,7 @@ async def send_signal(request: Request) -> Response:
     body = await decode_body(request, SignalBody)
     ns_id = _ns(principal)
     audit_intent(request, signals.SIGNAL, "workflow_instance", request.path_params["id"], ns_id)
+    await _check_visible(request, principal)
     reply = await signals.send_signal(
         _ctx(request).db, ns_id, request.path_params["id"], name, body, actor=principal.actor,
         request_id=request_id(request), idem=await idem_request(request),
@@ -184,6 +194,7 @@ async def _control(request: Request, what: str) -> Response:
         what
     ]
     audit_intent(request, action, "workflow_instance", instance_id, ns_id)
+    await _check_visible(request, principal)
     common: dict[str, Any] = {
         "actor": principal.actor,
         "preconditions": preconditions(request),
