@@ -251,10 +251,11 @@ class WorkerBatches:
 
 
 class SubmitBatches:
-    """This node's group commit of single task submits without an ``Idempotency-Key``
-    (``POST …/tasks``), keyed by (namespace, owner): submits that arrive while one is being
-    committed go together in the next transaction (:func:`pulse.submit.submit_singles`),
-    each answered with its own status. ``ORBIT_PULSE_GROUP_COMMIT=0`` turns it off."""
+    """This node's rounds of single task submits without an ``Idempotency-Key``
+    (``POST …/tasks``), keyed by shard group (:func:`orbit.shards.shard_group`): the submits
+    of every namespace and owner that arrive while one round is being committed go together
+    in the next transaction (:func:`pulse.submit.submit_round`), each answered with its own
+    status. ``ORBIT_PULSE_GROUP_COMMIT=0`` turns it off."""
 
     def __init__(self, db: Any, *, max_batch: int | None = None, enabled: bool | None = None):
         from pulse import submit
@@ -264,8 +265,8 @@ class SubmitBatches:
         if max_batch is None:
             max_batch = int(os.environ.get("ORBIT_PULSE_BATCH_MAX", "64"))
         self.enabled = enabled
-        self.singles: GroupCommit[tuple[bytes, bytes], Any, Any] = GroupCommit(
-            lambda key, items: submit.submit_singles(db, key[0], key[1], items),
+        self.singles: GroupCommit[int, tuple[bytes, bytes, Any], Any] = GroupCommit(
+            lambda _group, items: submit.submit_round(db, items),
             max_batch=max_batch if enabled else 1,
             name="submits",
         )
@@ -273,7 +274,7 @@ class SubmitBatches:
     async def submit(self, namespace_id: bytes, owner_id: bytes, item: Any) -> Any:
         """:func:`pulse.submit.submit_one`'s answer for ``item`` (a ``SingleSubmit``), or
         its error raised."""
-        return await self.singles.submit((namespace_id, owner_id), item)
+        return await self.singles.submit(shard_group(namespace_id), (namespace_id, owner_id, item))
 
     async def close(self) -> None:
         await self.singles.close()

@@ -674,54 +674,82 @@ async def submit_singles(
     *,
     now: datetime | None = None,
 ) -> list[Submitted | OrbitError]:
-    """Single submits of one owner that arrived together (group commit, pulse/batcher.py),
-    in ONE transaction; per item, in order, what :func:`submit_one` would return (its
-    :class:`Submitted`) or raise (the error: 400, 404, 429).
+    """Single submits of one owner that arrived together, in ONE transaction; per item, in
+    order, what :func:`submit_one` would return (its :class:`Submitted`) or raise (the
+    error: 400, 404, 429). The one-group form of :func:`submit_round`."""
+    return await submit_round(db, [(namespace_id, owner_id, item) for item in items], now=now)
+
+
+#: One single submit of a round: (namespace id, owner id, the request).
+SubmitItem = tuple[bytes, bytes, "SingleSubmit"]
+
+
+async def submit_round(
+    db: Database, items: Sequence[SubmitItem], *, now: datetime | None = None
+) -> list[Submitted | OrbitError]:
+    """The single submits that reached this node while the previous round ran, of every
+    namespace and owner, in ONE transaction (group commit, pulse/batcher.py); per item, in
+    order, what :func:`submit_one` would return (its :class:`Submitted`) or raise (the
+    error: 400, 404, 429).
 
     Only requests without an ``Idempotency-Key`` are grouped (a keyed request's stored
     response belongs to its own transaction). Each item is judged as it would be alone —
     quotas in arrival order, a second identical identity gets the first one's task (200) —
     and a refused item writes nothing of its own (its quota denial is counted), while the
     others commit. Each item keeps its own audit record and its events their request id.
+
+    The round's (namespace, owner) groups run as :func:`submit_in_tx` together in one
+    pipeline (:meth:`~orbit.storage.Tx.pipeline`), in (owner, namespace) order: each step of
+    every group goes out in one round trip — the queue reads, then the usage locks of every
+    group (application rows in id order, each followed by its namespace's queue rows: an
+    application's row always comes before its namespaces' queue rows, as in every other
+    transaction), then the identities, the inserts and the counters.
     """
     out: list[Submitted | OrbitError | None] = [None] * len(items)
-    valid: list[int] = []
-    for i, item in enumerate(items):
+    groups: dict[tuple[bytes, bytes], list[int]] = {}
+    for i, (ns, owner, item) in enumerate(items):
         try:
             prepare(0, item.body)
         except OrbitError as err:
             out[i] = err
         else:
-            valid.append(i)
+            groups.setdefault((owner, ns), []).append(i)
+    order = sorted(groups)
 
-    async def run(tx: Tx) -> list[Submitted | OrbitError]:
-        results = await submit_in_tx(
+    async def group(tx: Tx, owner: bytes, ns: bytes, idxs: list[int]) -> list[ItemResult]:
+        return await submit_in_tx(
             tx,
-            namespace_id,
-            owner_id,
-            [items[i].body for i in valid],
-            request_ids=[items[i].request_id for i in valid],
+            ns,
+            owner,
+            [items[i][2].body for i in idxs],
+            request_ids=[items[i][2].request_id for i in idxs],
             now=now,
         )
-        answers: list[Submitted | OrbitError] = []
+
+    async def run(tx: Tx) -> list[tuple[int, Submitted | OrbitError]]:
+        per_group = await tx.pipeline(*(group(tx, o, n, groups[(o, n)]) for o, n in order))
+        answers: list[tuple[int, Submitted | OrbitError]] = []
         audits: list[Coroutine[Any, Any, None]] = []
-        for i, res in zip(valid, results, strict=True):
-            if res.error is not None:
-                answers.append(res.error)
-                continue
-            assert res.row is not None
-            work: frozenset[bytes] = frozenset()
-            if res.status == 201:
-                work = frozenset({res.row["queue_id"]})
-                audits.append(_audit(tx, items[i].actor, namespace_id, res.row["id"], 201, {},
-                                     items[i].request_id))  # fmt: skip
-            body = _REPLY_ENCODER.encode(task_body(res.row, deduplicated=res.deduplicated))
-            answers.append(Submitted(Reply(res.status, body, False), work))
+        for key, results in zip(order, per_group, strict=True):
+            ns = key[1]
+            for i, res in zip(groups[key], results, strict=True):
+                item = items[i][2]
+                if res.error is not None:
+                    answers.append((i, res.error))
+                    continue
+                assert res.row is not None
+                work: frozenset[bytes] = frozenset()
+                if res.status == 201:
+                    work = frozenset({res.row["queue_id"]})
+                    audits.append(_audit(tx, item.actor, ns, res.row["id"], 201, {},
+                                         item.request_id))  # fmt: skip
+                body = _REPLY_ENCODER.encode(task_body(res.row, deduplicated=res.deduplicated))
+                answers.append((i, Submitted(Reply(res.status, body, False), work)))
         await tx.pipeline(*audits)  # every item's audit record in one round trip
         return answers
 
-    if valid:
-        for i, answer in zip(valid, await db.transaction(run), strict=True):
+    if groups:
+        for i, answer in await db.transaction(run):
             out[i] = answer
     return out  # type: ignore[return-value]
 

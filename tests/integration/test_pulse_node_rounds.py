@@ -173,3 +173,52 @@ async def test_the_node_group_commit_mixes_namespaces(db, tenant) -> None:
         assert await result_seqs(db, t.namespace_id) == list(range(1, 7))
         await check_invariants(db, t.namespace_id)
     assert not [r for r in receipts if isinstance(r, AttemptNotFound)]
+
+
+def _body(**fields: Any) -> Any:
+    from pulse.types import TaskSubmit
+
+    fields.setdefault("queue", "default")
+    fields.setdefault("kind", "k")
+    return msgspec.json.decode(msgspec.json.encode(fields), type=TaskSubmit)
+
+
+async def test_a_submit_round_over_namespaces_and_owners_judges_each_item_alone(db, tenant) -> None:
+    from pulse_fixtures import recount
+
+    from pulse import submit
+    from pulse.errors import QueueNotFound, QueueQuotaExceeded
+
+    a = await tenant(max_unfinished_tasks=2)
+    a2 = await a.other_namespace()
+    b = await tenant()
+    one = submit.SingleSubmit
+    items = [
+        (a.namespace_id, a.application_id, one(_body(), None, "a-1")),
+        (b.namespace_id, b.application_id, one(_body(dedup_key="d"), None, "b-1")),
+        (a2.namespace_id, a2.application_id, one(_body(dedup_key="d"), None, "a2-1")),
+        (a.namespace_id, a.application_id, one(_body(), None, "a-2")),
+        (b.namespace_id, b.application_id, one(_body(dedup_key="d"), None, "b-2")),  # twin
+        (a.namespace_id, a.application_id, one(_body(), None, "a-3")),  # a's queue is full
+        (a2.namespace_id, a2.application_id, one(_body(queue="nope"), None, "a2-2")),
+    ]
+    before = commits(db)
+    out = await submit.submit_round(db, items)
+    assert commits(db) - before == 1
+    status = [getattr(o, "status", None) for o in out]
+    assert status[:5] == [201, 201, 201, 201, 200]
+    assert out[4].json()["id"] == out[1].json()["id"]  # type: ignore[union-attr]
+    # The same dedup identity in two namespaces is two tasks (identity is per namespace).
+    assert out[2].json()["id"] != out[1].json()["id"]  # type: ignore[union-attr]
+    assert isinstance(out[5], QueueQuotaExceeded) and isinstance(out[6], QueueNotFound)
+    for t, n in ((a, 2), (a2, 1), (b, 1)):
+        counts = await recount(db, t)
+        assert counts["usage"] == counts["rows"] and counts["rows"]["unfinished_tasks"] == n
+
+    async def app_unfinished(tx: Tx) -> int:
+        return int(await tx.fetchval(
+            "SELECT unfinished_tasks FROM orbit_application_resources WHERE application_id = %s",
+            (a.application_id,),
+        ))  # fmt: skip
+
+    assert await db.read(app_unfinished) == 3  # both namespaces of a count into its row
