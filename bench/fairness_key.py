@@ -11,7 +11,8 @@ p99 are the ratio's figures: with dispatch rotating across fairness keys a task 
 dispatches; first-in-first-out makes it wait for the flood's backlog.
 
 A server without the field answers the probe submit with 400: the leg is then "not
-measured" with that answer as the reason.
+measured" with that answer as the reason, and the same load runs once without the field
+(``without_key``: what first-in-first-out dispatch gives today, for reference).
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ async def fairness_key_leg(
     others_each: int = 3,
     limit_s: float = 240.0,
 ) -> dict[str, Any]:
+    fig = await _leg(server, t, flood=flood, subjects=subjects, others_each=others_each,
+                     limit_s=limit_s, with_key=True)  # fmt: skip
+    if "not_measured" in fig:
+        fig["without_key"] = await _leg(server, t, flood=flood, subjects=subjects,
+                                        others_each=others_each, limit_s=limit_s,
+                                        with_key=False)  # fmt: skip
+    return fig
+
+
+async def _leg(
+    server: Server, t: Tenant, *, flood: int, subjects: int, others_each: int, limit_s: float,
+    with_key: bool,
+) -> dict[str, Any]:  # fmt: skip
     queue = f"s5k-{secrets.token_hex(3)}"
     sub_name = f"sub-{queue}"
     names = [f"subject-{i:03d}" for i in range(subjects)]
@@ -83,8 +97,8 @@ async def fairness_key_leg(
         await put_subscription(client, t, sub_name, queue)
 
         def body(key: str) -> dict[str, Any]:
-            return {"queue": queue, "kind": "noop", "payload": {"t0": time.time()},
-                    "fairness_key": key}  # fmt: skip
+            item = {"queue": queue, "kind": "noop", "payload": {"t0": time.time()}}
+            return {**item, "fairness_key": key} if with_key else item
 
         probe = await client.post(f"{t.base()}/tasks", headers=t.headers,
                                   content=_ENC.encode(body(names[1])))  # fmt: skip

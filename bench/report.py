@@ -310,8 +310,14 @@ def _figures(out: dict[str, Any]) -> list[str]:
     if isinstance(fk, dict):
         w = fk.get("wait_dispatches") or {}
         if fk.get("not_measured"):
+            ref = _get(fk, "without_key", "wait_dispatches") or {}
+            also = (
+                f"; the same load without the field: max {_fmt(ref.get('max'))}, p99 "
+                f"{_fmt(ref.get('p99'))} dispatches"
+                if ref.get("max") is not None else ""
+            )  # fmt: skip
             row(f"| S5 fairness key: dispatches a non-flooding subject's task waited | not "
-                f"measured | {fk['not_measured']} | {load('S5')} |")  # fmt: skip
+                f"measured | {fk['not_measured']}{also} | {load('S5')} |")  # fmt: skip
         elif w:
             row(
                 f"| S5 fairness key: dispatches a non-flooding subject's task waited, max / p99 "

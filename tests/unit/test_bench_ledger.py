@@ -99,3 +99,21 @@ def test_without_the_binary_log_rows_come_from_the_counters() -> None:
                               mariadb_cpu_s=None)  # fmt: skip
     assert totals["row_writes"] == 17 and totals["index_entries_written"] is None
     assert totals["server_cpu_ms"] is None
+
+
+def test_s8_written_adds_redo_and_data_bytes() -> None:
+    from bench.idle import written
+
+    led = {
+        "status": {
+            "Handler_write": 5000,
+            "Innodb_rows_inserted": 4000,
+            "Innodb_os_log_written": 3 * 2**20,
+            "Innodb_data_written": 2**20,
+        },  # fmt: skip
+        "per_table": {"orbit_deliveries": {"inserted": 4000, "updated": 10, "deleted": 0}},
+    }
+    w = written(led)
+    assert w["mb_written"] == 4.0 and w["Handler_write"] == 5000
+    assert w["rows_by_table"] == {"orbit_deliveries": 4010}
+    assert written({"status": {}})["mb_written"] == 0.0
