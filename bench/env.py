@@ -301,12 +301,13 @@ class WorkerProcs:
         concurrency: int,
         env: dict[str, str] | None = None,
         targets: list[dict[str, str]] | None = None,
+        stagger_s: float = 0.0,
     ) -> None:
         """``processes`` worker processes of ``sessions`` sessions each in ``namespace``; or,
         with ``targets`` (``{"key", "namespace"}`` per session), one session per target,
         the targets split evenly over the processes."""
         base = {"url": url, "key": key, "namespace": namespace, "queue": queue,
-                "sessions": sessions, "concurrency": concurrency}  # fmt: skip
+                "sessions": sessions, "concurrency": concurrency, "stagger_s": stagger_s}  # fmt: skip
         for i in range(processes):
             one = dict(base)
             if targets is not None:

@@ -92,12 +92,14 @@ async def s7(*, namespaces: int = 1000, processes: int = 4, settle_s: float = 10
             await asyncio.gather(*(setup(t) for t in owners))
         setup_s = time.monotonic() - began
         streams = [Results(t, sub) for t in owners]
-        for r in streams:
-            r.start()
         workers = WorkerProcs()
         workers.start(url=server.url, key="", namespace="", queue=queue, processes=processes,
-                      sessions=0, concurrency=1,
+                      sessions=0, concurrency=1, stagger_s=0.02,
                       targets=[{"key": t.key, "namespace": t.namespace} for t in owners])  # fmt: skip
+        for i, r in enumerate(streams):  # a few at a time: a burst of 1,000 connects is not idle
+            r.start()
+            if i % 50 == 49:
+                await asyncio.sleep(0.5)
         try:
             body = _ENC.encode({"queue": queue, "kind": "noop", "payload": {}})
             async with LeanClient(server.url, 8) as lean:

@@ -6,7 +6,8 @@ bench/mariadb.py):
 * ``SHOW GLOBAL STATUS`` deltas over the window: statements (``Questions``, less the
   ledger's own ``SHOW STATUS``), transactions (``Com_commit`` + ``Com_rollback``: the
   explicit ones; an autocommit statement is its own transaction and is not in this
-  figure), rows (``Handler_write/update/delete``, ``Innodb_rows_*``), fsyncs
+  figure), rows (``Handler_write/update/delete``; ``Innodb_rows_*`` where the server has
+  them), fsyncs
   (``Innodb_data_fsyncs``), redo bytes (``Innodb_os_log_written``), data written
   (``Innodb_data_written``), bytes received and sent;
 * the binary log of the window (ROW format): every changed row with its before and after
@@ -66,9 +67,16 @@ STATUS_KEYS = (
 )
 
 
-def status_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """``after - before`` for every key of :data:`STATUS_KEYS` (0 when a key is missing)."""
-    return {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in STATUS_KEYS}
+def status_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int | None]:
+    """``after - before`` for every key of :data:`STATUS_KEYS` (None when this server has
+    no such counter: MariaDB 10.11 has no ``Innodb_rows_*``)."""
+    return {
+        k: (int(after[k]) - int(before.get(k, 0))) if k in after else None for k in STATUS_KEYS
+    }
+
+
+def _n(delta: dict[str, int | None], key: str) -> int:
+    return delta.get(key) or 0
 
 
 # -- the binary log ------------------------------------------------------------------------
@@ -194,10 +202,10 @@ def summarise(
 ) -> dict[str, Any]:
     """The ledger's totals of one window (row and index figures from the binary log when
     it was read, else rows from the status counters and no index entries)."""
-    statements = delta["Questions"] - delta["Com_show_status"]
+    statements = _n(delta, "Questions") - _n(delta, "Com_show_status")
     totals: dict[str, float | int | None] = {
         "statements": statements,
-        "transactions": delta["Com_commit"] + delta["Com_rollback"],
+        "transactions": _n(delta, "Com_commit") + _n(delta, "Com_rollback"),
     }
     if tables is not None:
         ins = sum(t.inserted for t in tables.values())
@@ -212,8 +220,12 @@ def summarise(
             index_entries_delete_marked=sum(t.index_delete_marked for t in tables.values()),
         )
     else:
-        ins, upd, dele = (delta["Innodb_rows_inserted"], delta["Innodb_rows_updated"],
-                          delta["Innodb_rows_deleted"])  # fmt: skip
+        # InnoDB's own row counters where the server has them, else the handler's (which
+        # also count internal temporary tables).
+        src = "Innodb_rows_" if delta.get("Innodb_rows_inserted") is not None else "Handler_"
+        names = ("inserted", "updated", "deleted") if src == "Innodb_rows_" else (
+            "write", "update", "delete")  # fmt: skip
+        ins, upd, dele = (_n(delta, src + n) for n in names)
         totals.update(
             rows_inserted=ins,
             rows_updated=upd,
@@ -223,8 +235,8 @@ def summarise(
             index_entries_delete_marked=None,
         )
     totals.update(
-        fsyncs=delta["Innodb_data_fsyncs"],
-        redo_bytes=delta["Innodb_os_log_written"],
+        fsyncs=delta.get("Innodb_data_fsyncs"),
+        redo_bytes=delta.get("Innodb_os_log_written"),
         server_cpu_ms=round(server_cpu_s * 1000, 1) if server_cpu_s is not None else None,
         mariadb_cpu_ms=round(mariadb_cpu_s * 1000, 1) if mariadb_cpu_s is not None else None,
     )
@@ -414,8 +426,8 @@ class Ledger:
         ) as proc:  # fmt: skip
             assert proc.stdout is not None
             tables = tally(parse_rows(proc.stdout, schema), self._indexes[schema])
-        # Keep the disk small: everything up to the current file is read.
-        current = logs[-1] if logs else None
-        if current is not None:
-            _query(self.dsn, f"PURGE BINARY LOGS TO '{current}'")
+        # Keep the disk small: drop the files read (a later window's stay).
+        after = [f for f in logs if f > last]
+        if after:
+            _query(self.dsn, f"PURGE BINARY LOGS TO '{after[0]}'")
         return tables

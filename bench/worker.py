@@ -6,7 +6,8 @@ With ``targets`` (a list of ``{"key", "namespace"}``, S5's owners) it runs one w
 session per entry instead, each in its entry's namespace with its entry's key.
 The handler returns ``{"t0": <payload t0>, "t1": <wall clock at handler start>}`` when the
 payload carries ``t0`` (S2 measures submit → handler start with it), else ``null``.
-SIGTERM drains every worker and exits.
+With ``stagger_s`` the sessions start that many seconds apart. SIGTERM drains every worker
+and exits.
 """
 
 from __future__ import annotations
@@ -49,7 +50,14 @@ async def main(args: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: [w.drain() for w in workers])
-    await asyncio.gather(*(w.run(install_signal_handlers=False) for w in workers))
+    stagger = float(args.get("stagger_s") or 0)
+
+    async def run(i: int, w: Any) -> None:
+        if stagger:  # many sessions: connect a few at a time, not all in one burst
+            await asyncio.sleep(i * stagger)
+        await w.run(install_signal_handlers=False)
+
+    await asyncio.gather(*(run(i, w) for i, w in enumerate(workers)))
 
 
 if __name__ == "__main__":
