@@ -115,7 +115,7 @@ def test_s8_written_adds_redo_and_data_bytes() -> None:
             "Innodb_rows_inserted": 4000,
             "Innodb_os_log_written": 3 * 2**20,
             "Innodb_data_written": 2**20,
-        },  # fmt: skip
+        },
         "per_table": {"orbit_deliveries": {"inserted": 4000, "updated": 10, "deleted": 0}},
     }
     w = written(led)
