@@ -54,7 +54,7 @@ from orbit.ids import id_hex, new_id
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from orbit.times import format_time
-from pulse import transitions
+from pulse import schedule_overlap, transitions
 from pulse.cron import (
     ONE_US,
     CronTiming,
@@ -64,6 +64,7 @@ from pulse.cron import (
     local_text,
     make_timing,
 )
+from pulse.schedule_overlap import Decision, OverlapState
 from pulse.store import queues as queue_store
 from pulse.store import schedules as store
 from pulse.submit import submit_in_tx
@@ -165,6 +166,9 @@ class Advance:
     deferred: bool = False  # a quota refusal stopped this round; retried after DEFER_S
     caught_up: bool = False  # every fire time <= now is handled
     new_work: set[bytes] = field(default_factory=set)  # queue ids that got tasks
+    #: (task id, attempt id) of running previous runs asked to cancel (cancel_previous):
+    #: after COMMIT, the hub pushes the cancel to their workers.
+    cancel_requested: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
 def _options(version: dict[str, Any]) -> dict[str, Any]:
@@ -222,6 +226,43 @@ def task_item(
     )
 
 
+def occurrence_row(
+    schedule: dict[str, Any],
+    occurrence_id: bytes,
+    fire_at: datetime,
+    local: str,
+    version: int,
+    now: datetime,
+    *,
+    task_id: bytes | None = None,
+    late: bool = False,
+    reason: str | None = None,
+    skipped_until: datetime | None = None,
+    skipped_count: int | None = None,
+    origin: str = "schedule",
+    trigger_key: str | None = None,
+) -> dict[str, Any]:
+    """The ``pulse_schedule_occurrences`` row of one fire time of ``schedule``: created
+    (``task_id`` given) or skipped (``skipped_until`` / ``skipped_count``)."""
+    return {
+        "namespace_id": schedule["namespace_id"],
+        "id": occurrence_id,
+        "schedule_id": schedule["id"],
+        "fire_at": fire_at,
+        "fire_at_local": local,
+        "version": version,
+        "task_id": task_id,
+        "outcome": "created" if task_id is not None else "skipped",
+        "late": int(late),
+        "covered_until": skipped_until,
+        "skipped_count": skipped_count,
+        "reason": reason,
+        "origin": origin,
+        "trigger_key": trigger_key,
+        "created_at": now,
+    }
+
+
 class _Deferred(Exception):
     """Internal: the occurrence's task was refused by a quota; stop and retry later."""
 
@@ -235,9 +276,14 @@ async def _fire(
     now: datetime,
     res: Advance,
     request_id: str | None,
-) -> None:
+    *,
+    reason: str | None = None,
+    origin: str = "schedule",
+) -> dict[str, Any] | None:
     """Write one due fire time: its task (or the reason there is none), its occurrence row
-    and its event. Raises :class:`_Deferred` (nothing written) on a quota refusal."""
+    and its event; return the task row (None when skipped). Raises :class:`_Deferred`
+    (nothing written) on a quota refusal. ``reason`` is recorded on a created occurrence
+    (e.g. ``buffered``) unless the task was deduplicated."""
     ns, sid = schedule["namespace_id"], schedule["id"]
     occurrence_id = new_id()
     grace = timedelta(milliseconds=int(version["grace_ms"]))
@@ -253,13 +299,12 @@ async def _fire(
         now=now,
     )
     task_id: bytes | None = None
-    reason: str | None = None
     if result.status == 429:
         raise _Deferred()
     if result.status in (200, 201) and result.row is not None:
         outcome = "created"
         task_id = result.row["id"]
-        reason = "deduplicated" if result.status == 200 else None
+        reason = "deduplicated" if result.status == 200 else reason
         if result.status == 201:
             res.new_work.add(result.row["queue_id"])
         res.fired += 1
@@ -269,24 +314,16 @@ async def _fire(
         reason = "queue_not_found" if result.status == 404 else "invalid_task"
         res.skipped_rows += 1
         res.skipped_times += 1
+    skipped = outcome != "created"
     await store.occurrence_insert(
         tx,
-        {
-            "namespace_id": ns,
-            "id": occurrence_id,
-            "schedule_id": sid,
-            "fire_at": fire_at,
-            "fire_at_local": zone_text,
-            "version": int(version["version"]),
-            "task_id": task_id,
-            "outcome": outcome,
-            "late": int(late),
-            "covered_until": None if outcome == "created" else fire_at + ONE_US,
-            "skipped_count": None if outcome == "created" else 1,
-            "reason": reason,
-            "created_at": now,
-        },
-    )
+        occurrence_row(
+            schedule, occurrence_id, fire_at, zone_text, int(version["version"]), now,
+            task_id=task_id, late=late, reason=reason, origin=origin,
+            skipped_until=fire_at + ONE_US if skipped else None,
+            skipped_count=1 if skipped else None,
+        ),
+    )  # fmt: skip
     data: dict[str, Any] = {
         "occurrence_id": id_hex(occurrence_id),
         "fire_at": format_time(fire_at),
@@ -298,6 +335,8 @@ async def _fire(
         data["task_id"] = id_hex(task_id)
     if reason is not None:
         data["reason"] = reason
+    if origin != "schedule":
+        data["origin"] = origin
     await orbit_events.append_event(
         tx,
         ns,
@@ -308,6 +347,7 @@ async def _fire(
         request_id,
         now=now,
     )
+    return None if outcome != "created" else result.row
 
 
 async def _skip_range(
@@ -328,22 +368,11 @@ async def _skip_range(
     occurrence_id = new_id()
     await store.occurrence_insert(
         tx,
-        {
-            "namespace_id": ns,
-            "id": occurrence_id,
-            "schedule_id": sid,
-            "fire_at": first,
-            "fire_at_local": local_text(segment.timing.zone, first),
-            "version": segment.version,
-            "task_id": None,
-            "outcome": "skipped",
-            "late": 0,
-            "covered_until": until,
-            "skipped_count": count,
-            "reason": reason,
-            "created_at": now,
-        },
-    )
+        occurrence_row(
+            schedule, occurrence_id, first, local_text(segment.timing.zone, first),
+            segment.version, now, reason=reason, skipped_until=until, skipped_count=count,
+        ),
+    )  # fmt: skip
     await orbit_events.append_event(
         tx,
         ns,
@@ -375,34 +404,47 @@ async def advance(
     request_id: str | None = None,
 ) -> Advance:
     """Handle the fire times of the LOCKED ``schedule`` row from ``covered_until`` up to and
-    including ``now`` (module docstring), then record ``covered_until`` / ``check_at``.
+    including ``now`` (module docstring), then record ``covered_until`` / ``check_at`` and
+    the overlap state.
 
     ``skip_all``: record every such fire time as skipped with this reason (resume after a
-    pause) instead of applying catch-up and grace. Writes at most ``limit`` occurrences;
-    :attr:`Advance.caught_up` tells whether it got to ``now``.
+    pause) instead of applying catch-up, grace and the overlap policy. Writes at most
+    ``limit`` occurrences; :attr:`Advance.caught_up` tells whether it got to ``now``. A
+    fire time the overlap policy held back (``buffer_one``) fires first once the previous
+    run has finished (:mod:`pulse.schedule_overlap`).
     """
     ns, sid = schedule["namespace_id"], schedule["id"]
     covered: datetime = schedule["covered_until"]
     loaded = await load_timeline(tx, ns, sid, covered)
+    overlap = await OverlapState.load(tx, schedule)
     stop = now + ONE_US
     if loaded.horizon is not None:
         stop = min(stop, loaded.horizon)
     res = Advance(covered_until=covered, check_at=schedule["check_at"])
     # Lock order (application resources → queues → tasks): one advance may fire under
-    # versions that name different queues; each submit locks its own queue's usage row
-    # first, but after the first task that would come too late — lock them all up front.
+    # versions that name different queues, or cancel a previous run of another queue; each
+    # submit locks its own queue's usage row first, but after the first task that would
+    # come too late — lock them all up front.
     names = sorted({str(v["queue_name"]) for v in loaded.versions.values()})
-    if len(names) > 1:
-        queue_ids = []
+    extra = []
+    if overlap.previous_unfinished and overlap.previous_queue_id is not None:
+        extra = [overlap.previous_queue_id]
+    if len(names) > 1 or extra:
+        queue_ids = list(extra)
         for name in names:
             q = await queue_store.queue_get_by_name(tx, ns, name)
-            if q is not None:
+            if q is not None and q["id"] not in queue_ids:
                 queue_ids.append(q["id"])
-        await transitions.lock_usage(tx, ns, queue_ids, [schedule["owner_id"]])
-    cursor = covered
+        if len(queue_ids) > 1:
+            await transitions.lock_usage(tx, ns, queue_ids, [schedule["owner_id"]])
     produced = 0
     finished = True
-    for segment, seg_lo, seg_hi in loaded.line.segments_between(covered, stop):
+    if skip_all is None and overlap.release_due():
+        finished = await _release_buffer(tx, schedule, loaded, overlap, now, res, request_id)
+        produced += int(finished)
+    cursor = covered
+    segments = loaded.line.segments_between(covered, stop) if finished else []
+    for segment, seg_lo, seg_hi in segments:
         version = loaded.versions[segment.version]
         timing = segment.timing
         lo = max(seg_lo, cursor)
@@ -428,15 +470,25 @@ async def advance(
             if produced >= limit:
                 finished = False
                 break
-            try:
-                await _fire(
-                    tx, schedule, version, local_text(timing.zone, fire_at), fire_at, now, res,
-                    request_id,
+            local = local_text(timing.zone, fire_at)
+            policy = str(version["overlap"])
+            decision = overlap.decide(policy)
+            if decision is Decision.SKIP:
+                await _skip_range(
+                    tx, schedule, version, segment, fire_at, fire_at + ONE_US,
+                    schedule_overlap.REASON_OVERLAP, now, res, request_id,
                 )  # fmt: skip
-            except _Deferred:
-                res.deferred = True
-                finished = False
-                break
+            elif decision is Decision.BUFFER:
+                overlap.buffer(fire_at, int(version["version"]))
+            else:
+                try:
+                    task = await _fire(tx, schedule, version, local, fire_at, now, res, request_id)
+                except _Deferred:
+                    res.deferred = True
+                    finished = False
+                    break
+                if task is not None:
+                    overlap.fired(policy, task)
             produced += 1
             lo = fire_at + ONE_US
         cursor = lo
@@ -449,10 +501,55 @@ async def advance(
     if res.deferred:
         res.check_at = now + timedelta(seconds=DEFER_S)
     else:
-        res.check_at = loaded.next_fire(cursor)
-    ok = await store.schedule_progress_if_covered(tx, ns, sid, covered, cursor, res.check_at)
+        res.check_at = overlap.check_at(loaded.next_fire(cursor), now)
+    ok = await store.schedule_progress_if_covered(
+        tx, ns, sid, covered, cursor, res.check_at,
+        last_task_id=overlap.previous_id,
+        buffered_fire_at=overlap.buffered_fire_at,
+        buffered_version=overlap.buffered_version,
+    )  # fmt: skip
     assert ok, "the schedule row is locked by this transaction"
+    if overlap.cancel:
+        # Last write of the step: cancel_in_tx ends with the result stream (lock order).
+        from pulse.tasks import cancel_in_tx
+
+        res.cancel_requested = await cancel_in_tx(
+            tx, ns, overlap.cancel, request_id=request_id, now=now
+        )
     return res
+
+
+async def _release_buffer(
+    tx: Tx,
+    schedule: dict[str, Any],
+    loaded: LoadedTimeline,
+    overlap: OverlapState,
+    now: datetime,
+    res: Advance,
+    request_id: str | None,
+) -> bool:
+    """Fire the held-back fire time (its previous run has finished). False when a quota
+    refused its task (it stays held back; the step stops)."""
+    assert overlap.buffered_fire_at is not None and overlap.buffered_version is not None
+    number = overlap.buffered_version
+    version = loaded.versions.get(number)
+    if version is None:
+        version = await store.version_get(tx, schedule["namespace_id"], schedule["id"], number)
+    assert version is not None, "versions are never deleted"
+    fire_at = overlap.buffered_fire_at
+    local = local_text(timing_of(version).zone, fire_at)
+    try:
+        task = await _fire(
+            tx, schedule, version, local, fire_at, now, res, request_id,
+            reason=schedule_overlap.REASON_BUFFERED,
+        )  # fmt: skip
+    except _Deferred:
+        res.deferred = True
+        return False
+    overlap.released()
+    if task is not None:
+        overlap.fired(str(version["overlap"]), task)
+    return True
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -543,11 +640,15 @@ class Scheduler:
             if claimed:
                 await self._back_off(claimed)
             raise
-        if result is not None and result.new_work and self.hub is not None:
+        if result is not None and self.hub is not None:
             from pulse.tasks import call_hub
 
             for queue_id in sorted(result.new_work):
                 await call_hub(self.hub, "notify_new_work", claimed["namespace_id"], queue_id)
+            for task_id, attempt_id in result.cancel_requested:
+                await call_hub(
+                    self.hub, "request_cancel", claimed["namespace_id"], task_id, attempt_id
+                )
         return result
 
     async def _back_off(self, row: dict[str, Any]) -> None:
@@ -630,6 +731,7 @@ __all__ = [
     "SchedulerStats",
     "advance",
     "load_timeline",
+    "occurrence_row",
     "render_dedup_key",
     "run_forever",
     "task_item",

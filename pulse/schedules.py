@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -59,6 +59,9 @@ OUTCOMES = ("created", "skipped")
 _PAUSE_ROUNDS = 1000
 
 Ms = Annotated[int, Meta(ge=0, le=_MAX_MS)]
+#: What a fire time does while the schedule's previous run is unfinished
+#: (:mod:`pulse.schedule_overlap`).
+Overlap = Literal["allow", "skip", "buffer_one", "cancel_previous"]
 
 
 class ScheduleNotFound(NotFound, PulseError):
@@ -96,6 +99,7 @@ class SchedulePut(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     grace_ms: Ms = DEFAULT_GRACE_MS
     start_at: str | None = None
     end_at: str | None = None
+    overlap: Overlap = "allow"
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,7 @@ def version_fields(body: SchedulePut) -> dict[str, Any]:
         "grace_ms": body.grace_ms,
         "start_at": start_at,
         "end_at": end_at,
+        "overlap": body.overlap,
     }
 
 
@@ -238,6 +243,7 @@ def version_view(version: dict[str, Any]) -> dict[str, Any]:
         "grace_ms": int(version["grace_ms"]),
         "start_at": format_opt(version["start_at"]),
         "end_at": format_opt(version["end_at"]),
+        "overlap": version["overlap"],
         "published_at": format_time(version["created_at"]),
     }
 
@@ -262,6 +268,8 @@ def schedule_view(row: dict[str, Any], version: dict[str, Any], now: datetime) -
         "next_fire_at_local": None if nxt is None else local_text(timing.zone, nxt),
         "covered_until": format_time(row["covered_until"]),
         "check_at": format_opt(row["check_at"]),
+        "last_task_id": None if row["last_task_id"] is None else id_hex(row["last_task_id"]),
+        "buffered_fire_at": format_opt(row["buffered_fire_at"]),
         "created_at": format_time(row["created_at"]),
         "updated_at": format_time(row["updated_at"]),
     }
@@ -280,6 +288,8 @@ def occurrence_view(row: dict[str, Any]) -> dict[str, Any]:
         "covered_until": format_opt(row["covered_until"]),
         "skipped_count": None if row["skipped_count"] is None else int(row["skipped_count"]),
         "reason": row["reason"],
+        "origin": row["origin"],
+        "idempotency_key": row["trigger_key"],
         "created_at": format_time(row["created_at"]),
     }
 
@@ -545,21 +555,27 @@ async def list_occurrences(
         raise InvalidRequest("outcome must be created or skipped", field="outcome")
     filters = {"schedule": name, "outcome": outcome}
     position = decode_cursor(cursor, filters)
-    before = datetime.max
+    before, before_id = datetime.max, b""
     if position is not None:
         try:
             before = parse_time(str(position.get("before")))
+            before_id = bytes.fromhex(str(position.get("id", "")))
         except ValueError:
             raise InvalidRequest("cursor is not valid", field="cursor") from None
 
     async def run(tx: Tx) -> dict[str, Any]:
         row = await _visible_row(tx, namespace_id, name, allowed_queues)
         rows = await store.occurrence_list_before(
-            tx, namespace_id, row["id"], before, outcome, limit + 1
+            tx, namespace_id, row["id"], before, outcome, limit + 1, before_id
         )
         more = len(rows) > limit
         rows = rows[:limit]
-        nxt = encode_cursor({"before": format_time(rows[-1]["fire_at"])}, filters) if more else None
+        nxt = None
+        if more:
+            last = rows[-1]
+            nxt = encode_cursor(
+                {"before": format_time(last["fire_at"]), "id": last["id"].hex()}, filters
+            )
         return {"items": [occurrence_view(r) for r in rows], "next_cursor": nxt}
 
     return await db.read(run)

@@ -26,12 +26,14 @@ from orbit_cmd.cli_http import EXIT_OK, EXIT_USAGE, CliError
 SCHEDULE_FIELDS = [
     "name", "version", "paused", "queue", "cron", "every_ms", "timezone", "task",
     "next_fire_at", "next_fire_at_local", "covered_until", "catchup_window_ms", "grace_ms",
-    "start_at", "end_at", "tzdata_version", "revision", "id", "published_at",
+    "start_at", "end_at", "overlap", "buffered_fire_at", "last_task_id", "tzdata_version",
+    "revision", "id", "published_at",
 ]  # fmt: skip
 LIST_COLUMNS = ["name", "version", "paused", "queue", "cron", "every_ms", "timezone",
                 "next_fire_at"]  # fmt: skip
-OCCURRENCE_COLUMNS = ["fire_at", "fire_at_local", "version", "outcome", "late", "task_id",
-                      "skipped_count", "reason"]  # fmt: skip
+OCCURRENCE_COLUMNS = ["fire_at", "fire_at_local", "version", "origin", "outcome", "late",
+                      "task_id", "skipped_count", "reason"]  # fmt: skip
+BACKFILL_FIELDS = ["count", "already_occurred", "fire_times", "from", "to"]
 
 
 def _render(s: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +68,7 @@ def cmd_put(args: argparse.Namespace) -> int:
             "queue": args.queue, "cron": args.cron, "every_ms": args.every_ms,
             "timezone": args.timezone, "catchup_window_ms": args.catchup_window_ms,
             "grace_ms": args.grace_ms, "start_at": args.start_at, "end_at": args.end_at,
+            "overlap": args.overlap,
         }  # fmt: skip
         content = splice(fields, {"task": task})
     answer = api.request("PUT", path, content=content, headers=if_match(args))
@@ -102,6 +105,44 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _trigger_render(answer: dict[str, Any]) -> dict[str, Any]:
+    occ = answer.get("occurrence") or {}
+    task = answer.get("task") or {}
+    return {
+        "occurrence_id": occ.get("id"), "fire_at": occ.get("fire_at"),
+        "version": occ.get("version"), "task_id": occ.get("task_id"),
+        "task_state": task.get("state"), "idempotency_key": occ.get("idempotency_key"),
+        "replayed": answer.get("replayed"),
+    }  # fmt: skip
+
+
+def cmd_trigger(args: argparse.Namespace) -> int:
+    api = api_for(args)
+    path = ns_path(args, api, f"/schedules/{seg(args.name)}/trigger")
+    body = {"idempotency_key": args.idempotency_key} if args.idempotency_key else {}
+    show(args, api.request("POST", path, json_body=body), None, _trigger_render)
+    return EXIT_OK
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    api = api_for(args)
+    path = ns_path(args, api, f"/schedules/{seg(args.name)}/backfill")
+    answer = api.request("POST", path, json_body={"from": args.start, "to": args.end})
+    show(args, answer, BACKFILL_FIELDS)
+    return EXIT_OK
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    api = api_for(args)
+    path = ns_path(args, api, f"/schedules/{seg(args.name)}")
+    api.request("DELETE", path, headers=if_match(args))
+    if args.json:
+        print('{"deleted": true}')
+    else:
+        print(f"schedule {args.name} deleted (its occurrences and tasks stay)")
+    return EXIT_OK
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``orbit schedules ...``."""
     common = ns_options()
@@ -135,6 +176,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--grace-ms", type=int)
     p.add_argument("--start-at", help="RFC 3339")
     p.add_argument("--end-at", help="RFC 3339")
+    p.add_argument(
+        "--overlap", choices=["allow", "skip", "buffer_one", "cancel_previous"],
+        help="what a fire time does while the previous run is unfinished (default allow)",
+    )  # fmt: skip
     p.add_argument("--if-match", type=int, metavar="REV", help="only if the revision is REV")
     p.add_argument("--create-only", action="store_true", help="fail (412) if it exists")
     p.set_defaults(func=cmd_put, json=False)
@@ -157,3 +202,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p = schedules.add_parser(action, parents=[common], help=f"{action} a schedule")
         p.add_argument("name")
         p.set_defaults(func=cmd_pause, action=action, json=False)
+
+    p = schedules.add_parser(
+        "trigger",
+        parents=[common],
+        help="fire a schedule once now",
+        description="Exactly one occurrence now, with the current version's task (also "
+        "when paused). With --idempotency-key a repeat returns the occurrence the key made.",
+    )
+    p.add_argument("name")
+    p.add_argument("--idempotency-key", help="1-128 printable ASCII characters")
+    p.set_defaults(func=cmd_trigger, json=False)
+
+    p = schedules.add_parser(
+        "backfill",
+        parents=[common],
+        help="create the tasks of a past range's fire times that have not run",
+        description="Every fire time in [--from, --to) (at most 1000) that has not created a "
+        "task yet gets one; fire times that ran are skipped, so a repeat creates nothing.",
+    )
+    p.add_argument("name")
+    p.add_argument("--from", dest="start", required=True, help="RFC 3339, inclusive")
+    p.add_argument("--to", dest="end", required=True, help="RFC 3339, exclusive")
+    p.set_defaults(func=cmd_backfill, json=False)
+
+    p = schedules.add_parser(
+        "delete", parents=[common], help="delete a schedule (its history stays)"
+    )
+    p.add_argument("name")
+    p.add_argument("--if-match", type=int, metavar="REV", help="only if the revision is REV")
+    p.set_defaults(func=cmd_delete, json=False)

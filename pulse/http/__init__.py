@@ -20,6 +20,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "pulse.http.tasks",  # tasks (producer/operator side)
     "pulse.http.workers",  # worker sessions, stream, HTTP fallback (worker side)
     "pulse.http.schedules",  # schedules, pause/resume, occurrences
+    "pulse.http.schedule_controls",  # schedule trigger, backfill, delete
 )
 
 

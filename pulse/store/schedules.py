@@ -16,7 +16,9 @@ from orbit.storage import Queries, Tx, load_queries
 _RAW = load_queries(__file__, "schedules")
 Q = Queries(
     {
-        k: v.replace("{cols}", _RAW.schedule_columns).replace("{vcols}", _RAW.version_columns)
+        k: v.replace("{cols}", _RAW.schedule_columns)
+        .replace("{vcols}", _RAW.version_columns)
+        .replace("{ocols}", _RAW.occurrence_columns)
         for k, v in _RAW.items()
     }
 )
@@ -25,8 +27,11 @@ Row = dict[str, Any]
 
 #: Unique index of a schedule name in its namespace.
 NAME_INDEX = "uq_pulse_schedules_name"
-#: Unique index of an occurrence: one per (schedule, UTC fire time).
-OCCURRENCE_INDEX = "uq_pulse_schedule_occurrences_fire"
+#: Unique index of the fire times that created a task from the cadence (scheduled or
+#: backfilled occurrences): one per (schedule, UTC fire time).
+OCCURRENCE_INDEX = "uq_pulse_schedule_occurrences_slot"
+#: Unique index of a trigger's idempotency key per schedule.
+TRIGGER_KEY_INDEX = "uq_pulse_schedule_occurrences_trigger"
 #: Unique index of a version number per schedule.
 VERSION_INDEX = "uq_pulse_schedule_versions_version"
 
@@ -79,9 +84,14 @@ async def schedule_progress_if_covered(
     old_covered_until: datetime,
     covered_until: datetime,
     check_at: datetime | None,
+    *,
+    last_task_id: bytes | None = None,
+    buffered_fire_at: datetime | None = None,
+    buffered_version: int | None = None,
 ) -> bool:
-    """Record scheduler progress. False: ``covered_until`` is no longer
-    ``old_covered_until`` (someone else progressed) or the new value would move it back."""
+    """Record scheduler progress and the overlap state (previous run, buffered fire time).
+    False: ``covered_until`` is no longer ``old_covered_until`` (someone else progressed) or
+    the new value would move it back."""
     n = await tx.execute(
         Q.schedule_progress_if_covered,
         {
@@ -90,9 +100,45 @@ async def schedule_progress_if_covered(
             "old_covered_until": old_covered_until,
             "covered_until": covered_until,
             "check_at": check_at,
+            "last_task_id": last_task_id,
+            "buffered_fire_at": buffered_fire_at,
+            "buffered_version": buffered_version,
         },
     )
     return n == 1
+
+
+async def schedule_set_last_task(
+    tx: Tx, namespace_id: bytes, schedule_id: bytes, task_id: bytes
+) -> None:
+    """Make ``task_id`` the schedule's previous run (the caller holds the row lock)."""
+    await tx.execute(
+        Q.schedule_set_last_task,
+        {"namespace_id": namespace_id, "id": schedule_id, "task_id": task_id},
+    )
+
+
+async def schedule_delete_if_revision(
+    tx: Tx, namespace_id: bytes, schedule_id: bytes, revision: int
+) -> bool:
+    """Delete the schedule row (history stays). False: the revision moved on."""
+    n = await tx.execute(
+        Q.schedule_delete_if_revision,
+        {"namespace_id": namespace_id, "id": schedule_id, "revision": revision},
+    )
+    return n == 1
+
+
+async def schedule_names_for_queue(
+    tx: Tx, namespace_id: bytes, queue_name: str, limit: int
+) -> list[str]:
+    """Names of the schedules whose current version targets ``queue_name`` (at most
+    ``limit``, by name)."""
+    rows = await tx.fetchall(
+        Q.schedule_names_for_queue,
+        {"namespace_id": namespace_id, "queue_name": queue_name, "limit": limit},
+    )
+    return [str(r["name"]) for r in rows]
 
 
 async def schedule_defer_if_check(
@@ -157,6 +203,13 @@ async def occurrence_insert(tx: Tx, row: Mapping[str, Any]) -> None:
     await tx.execute(Q.occurrence_insert, dict(row))
 
 
+async def occurrence_insert_many(tx: Tx, rows: list[Mapping[str, Any]]) -> None:
+    """Insert occurrences in one multi-row INSERT. Raises DuplicateKey like
+    :func:`occurrence_insert`."""
+    if rows:
+        await tx.executemany(Q.occurrence_insert, [dict(r) for r in rows])
+
+
 async def occurrence_list_before(
     tx: Tx,
     namespace_id: bytes,
@@ -164,15 +217,40 @@ async def occurrence_list_before(
     before: datetime,
     outcome: str | None,
     limit: int,
+    before_id: bytes = b"",
 ) -> list[Row]:
-    """Occurrences with ``fire_at < before``, newest first."""
+    """Occurrences before the position ``(before, before_id)`` — an earlier fire time, or
+    the same one with a smaller id — newest first."""
     return await tx.fetchall(
         Q.occurrence_list_before,
         {
             "namespace_id": namespace_id,
             "schedule_id": schedule_id,
             "before": before,
+            "before_id": before_id,
             "outcome": outcome,
             "limit": limit,
         },
     )
+
+
+async def occurrence_get_by_trigger_key(
+    tx: Tx, namespace_id: bytes, schedule_id: bytes, trigger_key: str
+) -> Row | None:
+    """The occurrence a trigger with ``trigger_key`` created, if any."""
+    return await tx.fetchone(
+        Q.occurrence_get_by_trigger_key,
+        {"namespace_id": namespace_id, "schedule_id": schedule_id, "trigger_key": trigger_key},
+    )
+
+
+async def occurrence_slots_between(
+    tx: Tx, namespace_id: bytes, schedule_id: bytes, lo: datetime, hi: datetime, limit: int
+) -> set[datetime]:
+    """Fire times in ``[lo, hi)`` that already created a task from the cadence."""
+    rows = await tx.fetchall(
+        Q.occurrence_slots_between,
+        {"namespace_id": namespace_id, "schedule_id": schedule_id, "lo": lo, "hi": hi,
+         "limit": limit},
+    )  # fmt: skip
+    return {r["fire_slot"] for r in rows}

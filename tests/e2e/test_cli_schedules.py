@@ -82,3 +82,30 @@ def test_interval_schedule_fires_pauses_and_resumes(t: CliTenant) -> None:
     assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:2] == [
         "FIRE_AT", "FIRE_AT_LOCAL",
     ]  # fmt: skip
+
+
+def test_trigger_backfill_overlap_and_delete(t: CliTenant) -> None:
+    s = loads(t.orbit("schedules", "put", "hourly", "--queue", "reports", "--kind", "report",
+                      "--every-ms", "3600000", "--overlap", "skip", "--json"))  # fmt: skip
+    assert s["overlap"] == "skip"
+    fired = loads(t.orbit("schedules", "trigger", "hourly", "--idempotency-key", "k-1", "--json"))
+    assert fired["occurrence"]["origin"] == "trigger" and fired["task"]["state"] == "WAITING"
+    again = t.orbit("schedules", "trigger", "hourly", "--idempotency-key", "k-1")
+    assert again.returncode == 0 and "replayed" in again.stdout and "yes" in again.stdout
+    assert fired["occurrence"]["id"] in again.stdout
+    start = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(time.time() - 3 * 3600))
+    end = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime())
+    filled = loads(t.orbit("schedules", "backfill", "hourly", "--from", start, "--to", end,
+                           "--json"))  # fmt: skip
+    assert filled["count"] == 3 and filled["already_occurred"] == 0
+    human = t.orbit("schedules", "backfill", "hourly", "--from", start, "--to", end)
+    assert human.returncode == 0 and "already_occurred" in human.stdout
+    occ = loads(t.orbit("schedules", "occurrences", "hourly", "--json"))
+    assert sorted(o["origin"] for o in occ["items"]) == ["backfill"] * 3 + ["trigger"]
+    bad = t.orbit("schedules", "backfill", "hourly", "--from", end, "--to", start)
+    assert bad.returncode == 1 and "400" in bad.stderr
+    assert t.orbit("schedules", "backfill", "hourly", "--from", start).returncode == 2
+    gone = t.orbit("schedules", "delete", "hourly")
+    assert gone.returncode == 0 and "deleted" in gone.stdout
+    missing = t.orbit("schedules", "get", "hourly")
+    assert missing.returncode == 1 and "404" in missing.stderr

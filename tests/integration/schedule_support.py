@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
 import msgspec
 import pymysql
+import pytest
 from platform_fixtures import raw_query
 from pulse_fixtures import Tenant, make_tenant
 
@@ -46,6 +47,22 @@ def isolated_dsn() -> Iterator[DSN]:
         yield dsn
     finally:
         _admin(f"DROP DATABASE IF EXISTS `{db_name}`")
+
+
+@pytest.fixture(scope="module", name="sched_dsn")
+def sched_dsn_fixture() -> Iterator[DSN]:
+    """The module's own migrated database (import into a test module to use it)."""
+    yield from isolated_dsn()
+
+
+@pytest.fixture(scope="module", name="sdb")
+async def sdb_fixture(sched_dsn: DSN) -> AsyncIterator[Database]:
+    """A pool on ``sched_dsn``."""
+    database = await Database.connect(sched_dsn, maxsize=8)
+    try:
+        yield database
+    finally:
+        await database.close()
 
 
 def quiesce(dsn: DSN) -> None:

@@ -35,7 +35,16 @@ from .errors import (
     TaskError,
     Unauthenticated,
 )
-from .schedule_types import Occurrence, OccurrenceOutcome, Schedule, ScheduleTask, ScheduleTaskSpec
+from .schedule_types import (
+    Backfill,
+    Occurrence,
+    OccurrenceOutcome,
+    Overlap,
+    Schedule,
+    ScheduleTask,
+    ScheduleTaskSpec,
+    Trigger,
+)
 from .subscriber import Delivery, Subscriber, SubscriberStats, SyncDelivery, SyncSubscriber
 from .subscription_types import (
     AckResult,
@@ -82,6 +91,7 @@ __all__ = [
     "AckResult",
     "Application",
     "Attempt",
+    "Backfill",
     "Backlog",
     "Backoff",
     "BatchItem",
@@ -112,6 +122,7 @@ __all__ = [
     "OrbitConnectionError",
     "OrbitError",
     "Outcome",
+    "Overlap",
     "Page",
     "PayloadTooLarge",
     "PermanentError",
@@ -142,6 +153,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "Transition",
+    "Trigger",
     "Unauthenticated",
     "Worker",
     "WorkerStats",

@@ -1,5 +1,5 @@
 """``client.schedules``: publish schedule versions (ETag, If-Match), read, list, pause,
-resume, and read occurrences."""
+resume, read occurrences, trigger now, backfill a past range, delete."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from msgspec import UNSET, UnsetType
 from ._http import HttpTransport, seg
 from ._requests import conditional_headers, decode_resource, iterate_pages, utc_text
 from ._tasks import decode_items
-from .schedule_types import Occurrence, Schedule, ScheduleTaskSpec
+from .schedule_types import Backfill, Occurrence, Schedule, ScheduleTaskSpec, Trigger
 from .types import Page
 
 __all__ = ["SchedulesAPI"]
@@ -31,6 +31,16 @@ class _SchedulePut(msgspec.Struct, kw_only=True):
     grace_ms: int | UnsetType = UNSET
     start_at: str | UnsetType = UNSET
     end_at: str | UnsetType = UNSET
+    overlap: str | UnsetType = UNSET
+
+
+class _Trigger(msgspec.Struct, kw_only=True, omit_defaults=True):
+    idempotency_key: str | None = None
+
+
+class _Backfill(msgspec.Struct, kw_only=True, rename={"from_": "from"}):
+    from_: str
+    to: str
 
 
 class SchedulesAPI:
@@ -56,6 +66,7 @@ class SchedulesAPI:
         grace_ms: int | None = None,
         start_at: datetime | str | None = None,
         end_at: datetime | str | None = None,
+        overlap: str | None = None,
         if_match: str | int | None = None,
         create_only: bool = False,
     ) -> Schedule:
@@ -67,7 +78,9 @@ class SchedulesAPI:
         whole version: omitted ``catchup_window_ms`` / ``grace_ms`` take the server defaults
         (1 h / 60 s). A PUT equal to the current version changes nothing. ``task`` is a
         :class:`~orbit_sdk.ScheduleTaskSpec` or a mapping with the same keys; its payload
-        may be :class:`msgspec.Raw`. Naive datetimes are taken as UTC.
+        may be :class:`msgspec.Raw`. Naive datetimes are taken as UTC. ``overlap`` (an
+        :class:`~orbit_sdk.Overlap`; server default ``allow``) decides what a fire time does
+        while the previous run is unfinished.
 
         ``if_match`` (an ETag) makes the publish conditional and ``create_only`` sends
         ``If-None-Match: *``; a mismatch raises :class:`~orbit_sdk.errors.PreconditionFailed`.
@@ -90,6 +103,8 @@ class SchedulesAPI:
             body.start_at = utc_text(start_at)
         if end_at is not None:
             body.end_at = utc_text(end_at)
+        if overlap is not None:
+            body.overlap = str(overlap)
         response = await self._http.request(
             "PUT",
             self._path(f"/{seg(name)}"),
@@ -149,4 +164,39 @@ class SchedulesAPI:
         """Every occurrence of the schedule, newest first, following ``next_cursor``."""
         return iterate_pages(
             lambda cursor: self.occurrences(name, outcome=outcome, limit=page_size, cursor=cursor)
+        )
+
+    async def trigger(self, name: str, *, idempotency_key: str | None = None) -> Trigger:
+        """Fire the schedule once now (paused or not, whatever its overlap policy): exactly
+        one occurrence with the current version's task. With ``idempotency_key`` a repeated
+        call returns the occurrence the key created (``replayed=True``) instead of a new one,
+        for as long as the schedule exists. A refused task raises
+        :class:`~orbit_sdk.errors.QuotaExceeded` and writes nothing."""
+        response = await self._http.request(
+            "POST",
+            self._path(f"/{seg(name)}/trigger"),
+            body=_Trigger(idempotency_key=idempotency_key),
+        )
+        return msgspec.json.decode(response.content, type=Trigger)
+
+    async def backfill(
+        self, name: str, *, start: datetime | str, end: datetime | str
+    ) -> Backfill:
+        """Create the task of every fire time in ``[start, end)`` that has not run yet (at
+        most 1,000 fire times; each under the version governing it). Fire times that already
+        ran are skipped, so repeating a backfill creates nothing new; the range ends at the
+        schedule's ``covered_until`` (later fire times are the scheduler's). Naive datetimes
+        are taken as UTC."""
+        response = await self._http.request(
+            "POST",
+            self._path(f"/{seg(name)}/backfill"),
+            body=_Backfill(from_=utc_text(start), to=utc_text(end)),
+        )
+        return msgspec.json.decode(response.content, type=Backfill)
+
+    async def delete(self, name: str, *, if_match: str | int | None = None) -> None:
+        """Delete the schedule: nothing fires any more and the name is free. Its versions,
+        occurrences and tasks stay as history. ``if_match`` makes it conditional."""
+        await self._http.request(
+            "DELETE", self._path(f"/{seg(name)}"), headers=conditional_headers(if_match)
         )

@@ -14,9 +14,19 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from .types import Task
 from .wire import NULL
 
-__all__ = ["Occurrence", "OccurrenceOutcome", "Schedule", "ScheduleTask", "ScheduleTaskSpec"]
+__all__ = [
+    "Backfill",
+    "Occurrence",
+    "OccurrenceOutcome",
+    "Overlap",
+    "Schedule",
+    "ScheduleTask",
+    "ScheduleTaskSpec",
+    "Trigger",
+]
 
 T = TypeVar("T")
 
@@ -26,6 +36,16 @@ class OccurrenceOutcome(enum.StrEnum):
 
     CREATED = "created"  # the task was created
     SKIPPED = "skipped"  # not fired (outside catch-up/grace, or paused); may cover a range
+
+
+class Overlap(enum.StrEnum):
+    """What a fire time does while the schedule's previous run is unfinished
+    (``Schedule.overlap`` compares equal to these)."""
+
+    ALLOW = "allow"  # fire anyway (the default)
+    SKIP = "skip"  # record the fire time as skipped (reason "overlap")
+    BUFFER_ONE = "buffer_one"  # hold one fire time back until the previous run ends
+    CANCEL_PREVIOUS = "cancel_previous"  # cancel the previous run, then fire
 
 
 class ScheduleTaskSpec(msgspec.Struct, kw_only=True):
@@ -90,12 +110,18 @@ class Schedule(msgspec.Struct, kw_only=True):
     grace_ms: int = 0
     start_at: datetime | None = None
     end_at: datetime | None = None
+    overlap: str = "allow"
+    """The overlap policy of the current version (:class:`Overlap`)."""
     published_at: datetime | None = None
     next_fire_at: datetime | None = None
     next_fire_at_local: str | None = None
     """The next fire time on the schedule's wall clock, ISO 8601 with its offset."""
     covered_until: datetime | None = None
     check_at: datetime | None = None
+    last_task_id: str | None = None
+    """The previous run: the task of the latest scheduled or triggered occurrence."""
+    buffered_fire_at: datetime | None = None
+    """A fire time ``buffer_one`` holds back until the previous run has finished."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
     etag: str | None = None
@@ -120,4 +146,31 @@ class Occurrence(msgspec.Struct, kw_only=True):
     covered_until: datetime | None = None
     skipped_count: int | None = None
     reason: str | None = None
+    origin: str = "schedule"
+    """``schedule`` (the scheduler), ``trigger`` (fired by hand) or ``backfill``."""
+    idempotency_key: str | None = None
+    """The key of a trigger that carried one."""
     created_at: datetime | None = None
+
+
+class Trigger(msgspec.Struct, kw_only=True):
+    """The answer of :meth:`SchedulesAPI.trigger`: the occurrence and its task.
+
+    ``replayed`` is True when the ``idempotency_key`` was used before on this schedule (the
+    occurrence it created then is returned, nothing new is created)."""
+
+    occurrence: Occurrence = msgspec.field(default_factory=Occurrence)
+    task: Task | None = None
+    replayed: bool = False
+
+
+class Backfill(msgspec.Struct, kw_only=True, rename={"from_": "from"}):
+    """The answer of :meth:`SchedulesAPI.backfill`: ``count`` tasks created for the fire
+    times of ``[from_, to)`` that had not run; ``already_occurred`` were skipped (they had
+    run already). ``to`` is the effective end (at most the schedule's ``covered_until``)."""
+
+    count: int = 0
+    already_occurred: int = 0
+    fire_times: int = 0
+    from_: datetime | None = None
+    to: datetime | None = None

@@ -108,6 +108,9 @@ class SyncSchedules(_SyncGroup):
     pause = _blocking(SchedulesAPI.pause)
     resume = _blocking(SchedulesAPI.resume)
     occurrences = _blocking(SchedulesAPI.occurrences)
+    trigger = _blocking(SchedulesAPI.trigger)
+    backfill = _blocking(SchedulesAPI.backfill)
+    delete = _blocking(SchedulesAPI.delete)
 
     def iter(self, *, page_size: int | None = None) -> Iterator[Schedule]:
         """Every schedule of the namespace."""

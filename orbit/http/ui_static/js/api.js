@@ -63,16 +63,17 @@ export function nsPath(...parts) {
 }
 
 /**
- * Call the API. Returns {status, json: ExactJson, data, headers}. Throws ApiError for any
+ * Call the API (`headers`: extra request headers, e.g. If-Match). Returns {status, json:
+ * ExactJson, data, headers}. Throws ApiError for any
  * non-2xx answer; a 401 also fires "orbit:unauthenticated" on window (the key is no longer
  * valid: expired or revoked) so the console returns to the login form.
  */
-export async function request(method, path, { body, query, signal, key } = {}) {
+export async function request(method, path, { body, query, signal, key, headers: extra } = {}) {
   const url = new URL(path, window.location.origin);
   for (const [k, v] of Object.entries(query || {})) {
     if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, String(v));
   }
-  const headers = { Accept: "application/json" };
+  const headers = { Accept: "application/json", ...(extra || {}) };
   const token = key ?? session.key;
   if (token) headers.Authorization = `Bearer ${token}`;
   let payload;

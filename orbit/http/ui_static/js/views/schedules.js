@@ -1,9 +1,11 @@
 // Schedules: list (when the server has the list route, else open by name), detail with the
-// current version, next fire time, covered_until, pause/resume, and occurrences.
+// current version, next fire time, covered_until, pause/resume, trigger / backfill / delete
+// (schedule_controls.js), and occurrences.
 
 import { get, nsPath, post, serves } from "../api.js";
 import { deflist, h, table } from "../dom.js";
 import { ago, jsonBlock, num, shortId, state, time } from "../format.js";
+import { scheduleControls } from "../schedule_controls.js";
 import { act, liveRegion, lookupForm, missing } from "../widgets.js";
 
 const NAME = "[A-Za-z0-9_.\\-]{1,63}";
@@ -88,9 +90,15 @@ function detail(ctx, name) {
         live.invalidate(); await live.refresh();
       },
     }, d.paused ? "Resume schedule" : "Pause schedule");
+    const controls = scheduleControls(name, d, {
+      status,
+      announce: ctx.announce,
+      onChanged: async () => { live.invalidate(); await live.refresh(); },
+      onDeleted: () => ctx.navigate("#/schedules"),
+    });
     return [
       h("h1", {}, `Schedule ${d.name} `, state(d.paused ? "PAUSED" : "ACTIVE")),
-      h("div", { class: "actions" }, toggle), status,
+      h("div", { class: "actions" }, toggle, controls), status,
       deflist([
         ["Cadence", cadence(d)],
         ["Next fire", d.next_fire_at ? [time(d.next_fire_at), ` (${ago(d.next_fire_at)}; local ${d.next_fire_at_local ?? "—"})`] : "— (paused or ended)"],
@@ -100,6 +108,9 @@ function detail(ctx, name) {
         ["Version", [num(d.version), " — published ", time(d.published_at)]],
         ["Catch-up window", d.catchup_window_ms !== undefined ? `${num(d.catchup_window_ms)} ms` : "—"],
         ["Grace", d.grace_ms !== undefined ? `${num(d.grace_ms)} ms` : "—"],
+        d.overlap ? ["Overlap policy", d.overlap] : null,
+        d.last_task_id ? ["Previous run", h("a", { href: `#/tasks/${d.last_task_id}`, class: "mono" }, shortId(d.last_task_id))] : null,
+        d.buffered_fire_at ? ["Held back (buffer_one)", time(d.buffered_fire_at)] : null,
         d.start_at ? ["Starts", time(d.start_at)] : null,
         d.end_at ? ["Ends", time(d.end_at)] : null,
         ["tzdata", `${d.tzdata_version ?? "—"}${d.tzdata_current && d.tzdata_current !== d.tzdata_version ? ` (server has ${d.tzdata_current})` : ""}`],
@@ -109,11 +120,12 @@ function detail(ctx, name) {
       occ ? h("div", { class: "table-wrap" }, table({
         caption: "Newest fire time first",
         columns: [{ label: "Fire at (UTC)" }, { label: "Local time" }, { label: "Version", className: "num" },
-          { label: "Outcome" }, { label: "Task" }, { label: "Note" }],
+          { label: "Origin" }, { label: "Outcome" }, { label: "Task" }, { label: "Note" }],
         rows: occ.data.items.map((o) => h("tr", {},
           h("td", {}, time(o.fire_at)),
           h("td", { class: "small" }, o.fire_at_local ?? "—"),
           h("td", { class: "num" }, num(o.version)),
+          h("td", {}, o.origin ?? "schedule"),
           h("td", {}, state(String(o.outcome).toUpperCase())),
           h("td", {}, o.task_id ? h("a", { href: `#/tasks/${o.task_id}`, class: "mono", "aria-label": `Task ${o.task_id}` }, shortId(o.task_id)) : "—"),
           h("td", { class: "small" }, [o.late ? "late" : null, o.reason, o.skipped_count ? `${o.skipped_count} skipped` : null].filter(Boolean).join(" · ") || "—"))),
