@@ -20,9 +20,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from orbit import pagination
+from orbit.errors import InvalidRequest
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
 from orbit.store import audit as store
+from orbit.times import format_time, parse_time
 from orbit.types import ZERO_ID
 
 log = logging.getLogger("orbit.audit")
@@ -124,6 +127,100 @@ async def list_recent(
 ) -> list[dict[str, Any]]:
     """Newest audit events of one namespace (ZERO_ID: application-level), for tools and tests."""
     return await store.audit_list_recent(tx, namespace_id, limit)
+
+
+#: The widest time range of the audit list (``since`` / ``until`` absent).
+_EARLIEST = datetime(1970, 1, 1)
+_LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999)
+_AFTER_EVERY_ID = b"\xff" * 16
+
+
+def audit_view(row: dict[str, Any]) -> dict[str, Any]:
+    """One audit event as the API shows it (``details`` decoded, ids as 32 hex)."""
+    details = row["details"]
+    if isinstance(details, str | bytes):
+        details = msgspec.json.decode(details)
+    return {
+        "id": id_hex(row["id"]),
+        "created_at": format_time(row["created_at"]),
+        "action": row["action"],
+        "outcome": row["outcome"],
+        "status_code": int(row["status_code"]),
+        "resource_kind": row["resource_kind"],
+        "resource_id": row["resource_id"],
+        "actor": {
+            "credential_id": None if row["credential_id"] is None else id_hex(row["credential_id"]),
+            "credential_name": row.get("credential_name"),
+            "application_id": None
+            if row["application_id"] is None
+            else id_hex(row["application_id"]),
+        },
+        "request_id": row["request_id"],
+        "details": details,
+    }
+
+
+def _time_param(value: str | None, field: str, default: datetime) -> datetime:
+    if value is None or value == "":
+        return default
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{field}: {exc}", field=field) from None
+
+
+async def list_audit(
+    db: Database,
+    namespace_id: bytes,
+    *,
+    outcome: str | None = None,
+    action: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """Audit events of one namespace, newest first: ``{"items", "next_cursor"}``.
+
+    ``outcome`` is one of :class:`Outcome` (``ok``, ``denied``, ``conflict``, ``error``);
+    ``action`` an exact action name (``tasks.cancel``); ``since`` (inclusive) and ``until``
+    (exclusive) RFC 3339 times. A cursor is bound to its filters; every bad parameter is a
+    400 naming it. Each page is one indexed range read of at most ``limit + 1`` rows."""
+    if outcome is not None and outcome not in Outcome.__members__.values():
+        raise InvalidRequest("outcome must be ok, denied, conflict or error", field="outcome")
+    if action is not None and not 1 <= len(action) <= 64:
+        raise InvalidRequest("action must be 1 to 64 characters", field="action")
+    lo = _time_param(since, "since", _EARLIEST)
+    hi = _time_param(until, "until", _LATEST)
+    if hi <= lo:
+        raise InvalidRequest("until must be after since", field="until")
+    filters = {"list": "audit", "outcome": outcome, "action": action, "since": since,
+               "until": until}  # fmt: skip
+    position = pagination.decode_cursor(cursor, filters)
+    before_t, before_id = _LATEST, _AFTER_EVERY_ID
+    if position is not None:
+        try:
+            before_t = parse_time(str(position["t"]))
+            before_id = bytes.fromhex(str(position["i"]))
+        except (KeyError, ValueError):
+            raise InvalidRequest("cursor is not valid", field="cursor") from None
+
+    async def run(tx: Tx) -> dict[str, Any]:
+        rows = await store.audit_page(
+            tx, namespace_id, action=action, outcome=outcome, since=lo, until=hi,
+            before_t=before_t, before_id=before_id, limit=limit + 1,
+        )  # fmt: skip
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = None
+        if more:
+            last = rows[-1]
+            nxt = pagination.encode_cursor(
+                {"t": format_time(last["created_at"]), "i": last["id"].hex()}, filters
+            )
+        return {"items": [audit_view(r) for r in rows], "next_cursor": nxt}
+
+    return await db.read(run)
 
 
 async def list_for_request(tx: Tx, namespace_id: bytes, request_id: str) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ import msgspec
 from orbit import audit
 from orbit.audit import Actor
 from orbit.errors import Conflict, Forbidden, InvalidRequest, NotFound, PreconditionFailed
-from orbit.events import RESULT_EVENT_TYPES, ResultEvent, last_result_seq
+from orbit.events import RESULT_EVENT_TYPES, ResultEvent, append_event, last_result_seq
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store import deliveries as delivery_store
@@ -39,6 +39,7 @@ from orbit.types import check_name
 MANAGE = "subscriptions.manage"
 CONSUME = "subscriptions.consume"
 PUT_ACTION = "subscriptions.put"
+DELETE_ACTION = "subscriptions.delete"
 
 #: Defaults and bounds of the delivery limits (documented in docs/api/subscriptions.md).
 DEFAULT_ACK_TIMEOUT_MS = 30_000
@@ -391,6 +392,49 @@ async def put_subscription(
         if exc.key != store.NAME_CONSTRAINT:
             raise
         return await db.transaction(run)  # the other create won: this is now an update
+
+
+async def delete_subscription(
+    db: Database,
+    actor: Actor,
+    namespace_id: bytes,
+    name: str,
+    *,
+    precondition: Callable[[int | None], None] | None = None,
+    allowed_queues: frozenset[str] | None = None,
+    request_id: str | None = None,
+) -> None:
+    """Delete subscription ``name``: nothing more is scanned or handed out for it, and its
+    streams end (their next hand-out finds no subscription); its deliveries stay as history
+    until retention removes them, and the name can be used again (a new subscription with
+    its own start). NotFound (404) when absent or not visible to a key limited to
+    ``allowed_queues`` (:func:`visible_to`); PreconditionFailed (412) from
+    ``precondition(current_revision)``.
+
+    Takes the subscription row lock first, like every pump, hand-out and lease expiry, so
+    none of them is half-way when the row goes.
+    """
+
+    async def run(tx: Tx) -> None:
+        row = await store.subscription_get_by_name(tx, namespace_id, name, for_update=True)
+        if row is None or not visible_to(row, allowed_queues):
+            raise NotFound("subscription")
+        if precondition is not None:
+            precondition(row.revision)
+        ok = await store.subscription_delete_if_revision(tx, namespace_id, row.id, row.revision)
+        assert ok, "the subscription row is locked"
+        await append_event(
+            tx, namespace_id, "subscription.deleted", "subscription", row.id,
+            {"name": name, "revision": row.revision, "after_seq": row.after_seq}, request_id,
+        )  # fmt: skip
+        await audit.record(
+            tx, actor=actor, action=DELETE_ACTION, resource_kind="subscription",
+            resource_id=name, status_code=204, namespace_id=namespace_id,
+            request_id=request_id,
+            details={"id": id_hex(row.id), "revision": row.revision, "after_seq": row.after_seq},
+        )  # fmt: skip
+
+    await db.transaction(run)
 
 
 async def get_subscription(

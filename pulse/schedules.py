@@ -377,7 +377,8 @@ async def put_schedule(
         row = await store.schedule_get_by_name(tx, namespace_id, name, for_update=True)
         if row is not None and allowed_queues is not None:
             await _visible_row(tx, namespace_id, name, allowed_queues)
-        if await queue_store.queue_get_by_name(tx, namespace_id, body.queue) is None:
+        # Shared lock: a queue delete waits for this publish (and then sees the schedule).
+        if await queue_store.queue_get_by_name(tx, namespace_id, body.queue, shared=True) is None:
             raise QueueNotFound()
         if row is None:
             pre.check(None)

@@ -44,6 +44,8 @@ EVENT_SESSION_EXPIRED = "worker.session_expired"
 EVENT_SESSION_CLOSED = "worker.session_closed"
 #: Reason recorded on the attempts of a session its worker closed.
 REASON_SESSION_CLOSED = "session_closed"
+#: Reason recorded on the attempts of a session an operator closed.
+REASON_CLOSED_BY_OPERATOR = "closed_by_operator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +167,8 @@ async def create_session(
         t = await now_in_tx(tx, now)
         leases: list[int] = []
         for name in queues:
-            q = await queue_store.queue_get_by_name(tx, namespace_id, name)
+            # Shared lock: a queue delete waits for this session (and then sees it).
+            q = await queue_store.queue_get_by_name(tx, namespace_id, name, shared=True)
             if q is None:
                 raise QueueNotFound()
             leases.append(int(q["lease_ms"]))
@@ -331,7 +334,7 @@ def _judge(
 async def resolve_queues(
     db: Database, namespace_id: bytes, names: tuple[str, ...]
 ) -> list[QueueRef]:
-    """The declared queues that exist (queues are never deleted; a missing one is skipped)."""
+    """The declared queues that exist (a queue deleted since is skipped)."""
 
     async def run(tx: Tx) -> list[QueueRef]:
         out: list[QueueRef] = []
@@ -395,6 +398,9 @@ async def close_session(
     namespace_id: bytes,
     session_id: bytes,
     *,
+    reason: str = REASON_SESSION_CLOSED,
+    actor: audit.Actor | None = None,
+    request_id: str | None = None,
     now: datetime | None = None,
 ) -> tuple[wire.SessionClosed, list[bytes]]:
     """The worker ends its session (graceful drain), in ONE transaction: ACTIVE → CLOSED,
@@ -404,6 +410,9 @@ async def close_session(
     ``effect_uncertain``), the raw events (``worker.session_closed`` and every task's) and
     result events written. A session that is no longer ACTIVE is left as it is (no-op: its
     attempts are recovery's). Returns the answer and the ids of the attempts it ended.
+    ``reason`` is recorded on the attempts and the event (an operator's close:
+    :data:`REASON_CLOSED_BY_OPERATOR`); with ``actor`` the close is audited
+    (``workers.close``) in the same transaction.
 
     Lock order: the session row, then every held attempt's application and queue usage rows
     (sorted), their tasks, their attempts (id order), then the result stream.
@@ -447,14 +456,10 @@ async def close_session(
             if task is None or attempt["session_id"] != session_id:  # pragma: no cover
                 continue
             if attempt["state"] == "OFFERED":
-                changes += await release_offer(
-                    tx, namespace_id, task, attempt, t, REASON_SESSION_CLOSED
-                )
+                changes += await release_offer(tx, namespace_id, task, attempt, t, reason)
                 released += 1
             elif attempt["state"] == "RUNNING":
-                changes += await lose_running(
-                    tx, namespace_id, task, attempt, t, REASON_SESSION_CLOSED
-                )
+                changes += await lose_running(tx, namespace_id, task, attempt, t, reason)
                 lost += 1
             else:
                 continue
@@ -465,10 +470,20 @@ async def close_session(
             EVENT_SESSION_CLOSED,
             "worker_session",
             session_id,
-            {"released_offers": released, "lost_attempts": lost},
+            {"released_offers": released, "lost_attempts": lost}
+            | ({} if reason == REASON_SESSION_CLOSED else {"reason": reason}),
+            request_id,
             now=t,
         )
-        await transitions.record_many(tx, namespace_id, changes, now=t)
+        if actor is not None:
+            await audit.record(
+                tx, actor=actor, action="workers.close", resource_kind="worker_session",
+                resource_id=session_id, status_code=200, namespace_id=namespace_id,
+                request_id=request_id,
+                details={"released_offers": released, "lost_attempts": lost, "reason": reason},
+                now=t,
+            )  # fmt: skip
+        await transitions.record_many(tx, namespace_id, changes, request_id=request_id, now=t)
         answer = wire.SessionClosed(
             session_id=id_hex(session_id),
             state="CLOSED",

@@ -278,6 +278,12 @@ async def submit_in_tx(
             tx, namespace_id, {queues[p.body.queue]["id"] for p in live}, [owner_id]
         )
         app = apps.get(owner_id)
+        # A queue deleted after it was read above has no usage row any more: 404 like an
+        # unknown queue (the delete held the row; pulse/queue_delete.py).
+        for p in [p for p in live if queues[p.body.queue]["id"] not in usage]:
+            err = QueueNotFound()
+            results[p.index] = ItemResult(err.status, error=err)
+        live = [p for p in live if queues[p.body.queue]["id"] in usage]
 
     # Identity: existing tasks (read after the locks, so a serialised twin is visible),
     # and twins inside this batch (the later ones get the first one's task).

@@ -27,6 +27,7 @@ from datetime import datetime
 
 from orbit import audit, events
 from orbit.audit import Actor
+from orbit.errors import Conflict
 from orbit.idempotency import IdemRequest, Reply, perform
 from orbit.ids import id_hex, new_id
 from orbit.pagination import encode_cursor
@@ -35,11 +36,14 @@ from orbit.times import format_time
 from orbit.types import check_name
 from weave.definition import DefinitionError, check, compile_definition, definition_digest
 from weave.definition.model import LANGUAGE_VERSION, Definition
-from weave.errors import InvalidDefinition, VersionNotFound, WorkflowNotFound
+from weave.errors import InvalidDefinition, VersionNotFound, WeaveError, WorkflowNotFound
 from weave.store import definitions as store
 from weave.types import DefinitionRow, VersionOut, VersionRow, WorkflowOut, WorkflowSummary
 
 PUBLISH = "workflows.publish"
+DELETE = "workflows.delete"
+#: Running instances named in a 409 at most.
+INSTANCES_SHOWN = 20
 
 
 def version_out(
@@ -194,6 +198,56 @@ async def publish_version(
     return await db.transaction(run)
 
 
+class WorkflowInUse(WeaveError, Conflict):
+    """A workflow with RUNNING instances cannot be deleted."""
+
+    def __init__(self, name: str, running: int, instances: list[str]) -> None:
+        Conflict.__init__(
+            self,
+            f"workflow {name!r} has {running} running instance{'s' if running > 1 else ''}",
+            kind="workflow_in_use",
+            running_instances=running,
+            instances=instances,
+        )
+
+
+async def delete_definition(
+    db: Database,
+    actor: Actor,
+    namespace_id: bytes,
+    name: str,
+    *,
+    request_id: str | None = None,
+) -> None:
+    """``DELETE .../workflows/{name}``: remove the workflow so no instance can start and the
+    name is free (a later publish starts again at version 1). Refused with 409
+    :class:`WorkflowInUse` while any instance of it is RUNNING (paused ones included);
+    WorkflowNotFound (404) when absent. Its versions and finished instances stay as
+    history until retention removes them."""
+
+    async def run(tx: Tx) -> None:
+        row = await store.definition_lock_by_name(tx, namespace_id, name)
+        if row is None:
+            raise WorkflowNotFound()
+        running, ids = await store.definition_running_instances(
+            tx, namespace_id, row.id, INSTANCES_SHOWN
+        )
+        if running:
+            raise WorkflowInUse(name, running, [id_hex(i) for i in ids])
+        if not await store.definition_delete_if_revision(tx, namespace_id, row.id, row.revision):
+            raise CasConflict("workflow", "revision moved under the row lock")
+        data = {"name": name, "latest_version": row.latest_version}
+        await events.append_event(
+            tx, namespace_id, "workflow.deleted", "workflow", row.id, data, request_id
+        )
+        await audit.record(
+            tx, actor=actor, action=DELETE, resource_kind="workflow", resource_id=row.id,
+            status_code=204, namespace_id=namespace_id, request_id=request_id, details=data,
+        )  # fmt: skip
+
+    await db.transaction(run)
+
+
 def version_cursor_filters(name: str) -> dict[str, str]:
     """Filters a version-list cursor is bound to (a cursor of one workflow fails on another)."""
     return {"workflow": name}
@@ -263,13 +317,18 @@ async def list_workflows(
 
 
 async def resolve_version(
-    tx: Tx, namespace_id: bytes, name: str, version: int | None = None
+    tx: Tx, namespace_id: bytes, name: str, version: int | None = None, *, shared: bool = False
 ) -> tuple[DefinitionRow, VersionRow]:
-    """The workflow ``name`` and its ``version`` (latest when None), read in ``tx``.
+    """The workflow ``name`` and its ``version`` (latest when None), read in ``tx``;
+    ``shared`` reads the workflow under a shared lock (an instance start, so a delete cannot
+    pass it: :func:`delete_definition`).
 
     Raises WorkflowNotFound / VersionNotFound (404). Used by instance start.
     """
-    row = await store.definition_get_by_name(tx, namespace_id, name)
+    if shared:
+        row = await store.definition_get_by_name_shared(tx, namespace_id, name)
+    else:
+        row = await store.definition_get_by_name(tx, namespace_id, name)
     if row is None:
         raise WorkflowNotFound()
     v = await store.version_get(

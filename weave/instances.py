@@ -173,7 +173,7 @@ async def start_in_tx(
     ``allowed_queues`` (a key limited to some queues): a definition whose task or poll steps
     use another queue is refused with 403 before anything is written.
     """
-    wf, v = await resolve_version(tx, namespace_id, name, version)
+    wf, v = await resolve_version(tx, namespace_id, name, version, shared=True)
     d = await load_definition(tx, namespace_id, wf.id, v.version)
     if allowed_queues is not None:
         denied = sorted(definition_queues(d) - allowed_queues)

@@ -31,6 +31,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "orbit_cmd.cli_schedules",
     "orbit_cmd.cli_workflows",
     "orbit_cmd.cli_events",
+    "orbit_cmd.cli_workers",
+    "orbit_cmd.cli_audit",
 )
 
 

@@ -26,6 +26,7 @@ from orbit_cmd.cli_common import (
     show,
     show_page,
 )
+from orbit_cmd.cli_deletes import add_delete
 from orbit_cmd.cli_http import EXIT_OK, EXIT_USAGE, CliError
 
 QUEUE_FIELDS = [
@@ -205,3 +206,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         name = action if action == "gate" else f"{action}-namespace"
         p = queues.add_parser(name, parents=[common], help=text)
         p.set_defaults(func=cmd_gate, action=action, json=False)
+
+    add_delete(
+        queues, "queue", "queues", note="refused while tasks, schedules or sessions hold it"
+    )

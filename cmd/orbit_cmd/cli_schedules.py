@@ -21,6 +21,7 @@ from orbit_cmd.cli_common import (
     show_page,
     splice,
 )
+from orbit_cmd.cli_deletes import add_delete
 from orbit_cmd.cli_http import EXIT_OK, EXIT_USAGE, CliError
 
 SCHEDULE_FIELDS = [
@@ -132,17 +133,6 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_delete(args: argparse.Namespace) -> int:
-    api = api_for(args)
-    path = ns_path(args, api, f"/schedules/{seg(args.name)}")
-    api.request("DELETE", path, headers=if_match(args))
-    if args.json:
-        print('{"deleted": true}')
-    else:
-        print(f"schedule {args.name} deleted (its occurrences and tasks stay)")
-    return EXIT_OK
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``orbit schedules ...``."""
     common = ns_options()
@@ -226,9 +216,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--to", dest="end", required=True, help="RFC 3339, exclusive")
     p.set_defaults(func=cmd_backfill, json=False)
 
-    p = schedules.add_parser(
-        "delete", parents=[common], help="delete a schedule (its history stays)"
-    )
-    p.add_argument("name")
-    p.add_argument("--if-match", type=int, metavar="REV", help="only if the revision is REV")
-    p.set_defaults(func=cmd_delete, json=False)
+    add_delete(schedules, "schedule", "schedules", note="its occurrences and tasks stay")

@@ -26,6 +26,7 @@ from orbit_cmd.cli_common import (
     show,
     show_page,
 )
+from orbit_cmd.cli_deletes import add_delete
 from orbit_cmd.cli_http import EXIT_OK, EXIT_USAGE, CliError, table
 
 SUB_FIELDS = [
@@ -188,3 +189,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--add", type=int, required=True)
     p.add_argument("--idempotency-key", help="a retried request then adds the budget once")
     p.set_defaults(func=cmd_budget, json=False)
+
+    add_delete(subs, "subscription", "subscriptions", note="its deliveries stay")

@@ -26,6 +26,7 @@ from orbit_cmd.cli_common import (
     show_page,
     splice,
 )
+from orbit_cmd.cli_deletes import add_delete
 from orbit_cmd.cli_http import EXIT_OK, emit
 
 VERSION_COLUMNS = ["version", "digest", "step_count", "language_version", "created_at"]
@@ -201,6 +202,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_workflow_get, json=False)
     p = wf.add_parser("list", parents=[common, list_options()], help="workflows by name")
     p.set_defaults(func=cmd_workflow_list, json=False)
+    add_delete(
+        wf, "workflow", "workflows", conditional=False,
+        note="refused while instances run; versions and finished instances stay",
+    )  # fmt: skip
 
     inst = sub.add_parser("instances", help="workflow instances").add_subparsers(
         dest="sub", required=True

@@ -186,6 +186,8 @@ def _optional(module: str) -> ModuleType | None:
 
 ROUTE_MODULES: tuple[str, ...] = (
     "orbit.http.subscriptions",  # subscriptions and deliveries (platform)
+    "orbit.http.subscription_delete",  # subscription delete (platform)
+    "orbit.http.audit",  # the audit list (platform)
     "pulse.http",  # queues, tasks, workers, schedules
     "weave.http",  # workflows
     "orbit.http.ui",  # web console at /ui

@@ -23,3 +23,46 @@ SELECT namespace_id, id, credential_id, application_id, action, resource_kind, r
 FROM orbit_audit_events
 WHERE namespace_id = %(namespace_id)s AND request_id = %(request_id)s
 ORDER BY created_at, id
+
+-- The audit list (GET /v1/namespaces/{ns}/audit): newest first, in [since, until), before a
+-- cursor position (created_at, id). One query per filter combination, each on the index that
+-- serves it: ix_orbit_audit_events_created (no filter), ..._action (action, and action with
+-- outcome), ..._outcome (outcome). The credential's name comes with each event (LEFT JOIN:
+-- the CLI acts without one).
+
+-- name: audit_page
+SELECT e.namespace_id, e.id, e.credential_id, e.application_id, e.action, e.resource_kind,
+  e.resource_id, e.outcome, e.status_code, e.request_id, e.details, e.created_at,
+  c.name AS credential_name
+FROM orbit_audit_events e
+LEFT JOIN orbit_credentials c ON c.id = e.credential_id
+WHERE e.namespace_id = %(namespace_id)s
+  AND e.created_at >= %(since)s AND e.created_at < %(until)s
+  AND e.created_at <= %(before_t)s AND (e.created_at < %(before_t)s OR e.id < %(before_id)s)
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s
+
+-- name: audit_page_by_action
+SELECT e.namespace_id, e.id, e.credential_id, e.application_id, e.action, e.resource_kind,
+  e.resource_id, e.outcome, e.status_code, e.request_id, e.details, e.created_at,
+  c.name AS credential_name
+FROM orbit_audit_events e FORCE INDEX (ix_orbit_audit_events_action)
+LEFT JOIN orbit_credentials c ON c.id = e.credential_id
+WHERE e.namespace_id = %(namespace_id)s AND e.action = %(action)s
+  AND (%(outcome)s IS NULL OR e.outcome = %(outcome)s)
+  AND e.created_at >= %(since)s AND e.created_at < %(until)s
+  AND e.created_at <= %(before_t)s AND (e.created_at < %(before_t)s OR e.id < %(before_id)s)
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s
+
+-- name: audit_page_by_outcome
+SELECT e.namespace_id, e.id, e.credential_id, e.application_id, e.action, e.resource_kind,
+  e.resource_id, e.outcome, e.status_code, e.request_id, e.details, e.created_at,
+  c.name AS credential_name
+FROM orbit_audit_events e FORCE INDEX (ix_orbit_audit_events_outcome)
+LEFT JOIN orbit_credentials c ON c.id = e.credential_id
+WHERE e.namespace_id = %(namespace_id)s AND e.outcome = %(outcome)s
+  AND e.created_at >= %(since)s AND e.created_at < %(until)s
+  AND e.created_at <= %(before_t)s AND (e.created_at < %(before_t)s OR e.id < %(before_id)s)
+ORDER BY e.created_at DESC, e.id DESC
+LIMIT %(limit)s

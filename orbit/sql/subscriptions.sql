@@ -82,3 +82,8 @@ WHERE (namespace_id, id) > (%(after_namespace_id)s, %(after_id)s)
 ORDER BY namespace_id, id
 LIMIT %(limit)s
 
+
+-- name: subscription_delete_if_revision
+-- Delete a subscription (its deliveries stay as history). 0 rows = the revision moved on.
+DELETE FROM orbit_subscriptions
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s

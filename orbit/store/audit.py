@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from orbit.storage import Tx, load_queries
@@ -22,3 +23,26 @@ async def audit_list_by_request(
 ) -> list[dict[str, Any]]:
     args = {"namespace_id": namespace_id, "request_id": request_id}
     return await tx.fetchall(Q.audit_list_by_request, args)
+
+
+async def audit_page(
+    tx: Tx,
+    namespace_id: bytes,
+    *,
+    action: str | None,
+    outcome: str | None,
+    since: datetime,
+    until: datetime,
+    before_t: datetime,
+    before_id: bytes,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Audit events of the namespace newest first, in ``[since, until)``, before the position
+    ``(before_t, before_id)``, filtered by ``action`` / ``outcome`` (None: any), with the
+    credential's name."""
+    sql = Q.audit_page_by_action if action else Q.audit_page_by_outcome if outcome else Q.audit_page
+    args = {
+        "namespace_id": namespace_id, "action": action, "outcome": outcome, "since": since,
+        "until": until, "before_t": before_t, "before_id": before_id, "limit": limit,
+    }  # fmt: skip
+    return await tx.fetchall(sql, args)

@@ -81,6 +81,17 @@ async def subscription_lock(
     return _row(await tx.fetchone(sql, {"namespace_id": namespace_id, "id": subscription_id}))
 
 
+async def subscription_delete_if_revision(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes, revision: int
+) -> bool:
+    """Delete the subscription row. False: the revision moved on."""
+    n = await tx.execute(
+        Q.subscription_delete_if_revision,
+        {"namespace_id": namespace_id, "id": subscription_id, "revision": revision},
+    )
+    return n == 1
+
+
 async def subscription_insert(tx: Tx, row: dict[str, Any]) -> None:
     """Insert a new subscription (revision 1). Raises DuplicateKey(NAME_CONSTRAINT)."""
     await tx.execute(Q.subscription_insert, row)

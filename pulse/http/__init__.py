@@ -21,6 +21,8 @@ ROUTE_MODULES: tuple[str, ...] = (
     "pulse.http.workers",  # worker sessions, stream, HTTP fallback (worker side)
     "pulse.http.schedules",  # schedules, pause/resume, occurrences
     "pulse.http.schedule_controls",  # schedule trigger, backfill, delete
+    "pulse.http.queue_delete",  # queue delete
+    "pulse.http.workers_view",  # connected workers, operator close
 )
 
 

@@ -216,3 +216,30 @@ UNION ALL
  WHERE /*keys namespace_id queue_id*/
  ORDER BY namespace_id, queue_id
  FOR UPDATE)
+
+
+-- name: queue_get_by_name_shared
+-- The queue read under a shared lock: a queue delete (which locks the row FOR UPDATE) waits
+-- for the transaction that names the queue (a schedule publish, a session), or runs first and
+-- the reader then sees no queue.
+SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
+  lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
+  retry_backoff_multiplier, stuck_after_ms, revision, created_at, updated_at
+FROM pulse_queues
+WHERE namespace_id = %(namespace_id)s AND name = %(name)s
+LOCK IN SHARE MODE
+
+-- name: queue_delete_if_revision
+-- 0 rows = the revision moved on (the caller holds the row lock: never in practice).
+DELETE FROM pulse_queues
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+
+-- name: usage_delete
+-- With its queue: a submit that read the queue before the delete then finds no usage row
+-- and answers 404.
+DELETE FROM pulse_queue_usage
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
+
+-- name: gate_delete
+DELETE FROM pulse_execution_gates
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s

@@ -24,9 +24,14 @@ GATE_SCOPE_INDEX = "uq_pulse_execution_gates_scope"
 
 
 async def queue_get_by_name(
-    tx: Tx, namespace_id: bytes, name: str, *, for_update: bool = False
+    tx: Tx, namespace_id: bytes, name: str, *, for_update: bool = False, shared: bool = False
 ) -> Row | None:
-    sql = Q.queue_get_by_name_for_update if for_update else Q.queue_get_by_name
+    """The queue ``name``; ``for_update`` locks it, ``shared`` takes a shared lock (a reader
+    that must not see the queue deleted before it commits)."""
+    if for_update:
+        sql = Q.queue_get_by_name_for_update
+    else:
+        sql = Q.queue_get_by_name_shared if shared else Q.queue_get_by_name
     return await tx.fetchone(sql, {"namespace_id": namespace_id, "name": name})
 
 
@@ -275,3 +280,24 @@ def _delta_sets(rows: Mapping[bytes, Delta], id_column: str) -> tuple[list[str],
         sets.append(f"{column} = {column} + {expr}")
         args += a
     return sets, args
+
+
+async def queue_delete_if_revision(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, revision: int
+) -> bool:
+    """Delete the queue row. False: the revision moved on."""
+    n = await tx.execute(
+        Q.queue_delete_if_revision,
+        {"namespace_id": namespace_id, "id": queue_id, "revision": revision},
+    )
+    return n == 1
+
+
+async def usage_delete(tx: Tx, namespace_id: bytes, queue_id: bytes) -> None:
+    """Delete the queue's usage row (with the queue)."""
+    await tx.execute(Q.usage_delete, {"namespace_id": namespace_id, "queue_id": queue_id})
+
+
+async def gate_delete(tx: Tx, namespace_id: bytes, queue_id: bytes) -> None:
+    """Delete the queue's gate row, if any."""
+    await tx.execute(Q.gate_delete, {"namespace_id": namespace_id, "queue_id": queue_id})

@@ -1,6 +1,8 @@
 """The SDK's operator calls against a real server (``orbit-server``'s composition root on a
 free port, tests/sdk_server.py): schedule trigger / backfill / delete and the overlap
-policy, async and sync, with the error classes the server's answers map to."""
+policy, queue / subscription / workflow deletes, the workers view and an operator's close of
+a real worker's session, the audit trail — async and sync, with the error classes the
+server's answers map to."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from orbit_sdk import (
+    AuditEvent,
     Backfill,
+    Conflict,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -17,13 +21,18 @@ from orbit_sdk import (
     Overlap,
     PreconditionFailed,
     ScheduleTaskSpec,
+    SubscriptionFilter,
     SyncOrbitClient,
+    TaskContext,
     Trigger,
+    Worker,
+    WorkerSession,
 )
 from platform_fixtures import add_key
 from sdk_server import (  # noqa: F401 - env_fixture, server_fixture: fixtures
     Env,
     env_fixture,
+    eventually,
     server_fixture,
     unique,
 )
@@ -92,3 +101,70 @@ async def test_schedule_controls_sync(env: Env) -> None:
 
     has_task, count, gone = await asyncio.to_thread(work)
     assert has_task and count == 5 and gone
+
+
+async def test_deletes_workers_and_audit(env: Env, db: Database) -> None:
+    orbit = env.orbit
+    queue = unique("q")
+    await orbit.queues.put(queue)
+    task = await orbit.tasks.submit(queue, "k", {"n": 1})
+    with pytest.raises(Conflict) as held:
+        await orbit.queues.delete(queue)
+    assert held.value.details["unfinished_tasks"] == 1
+    await orbit.tasks.cancel(task.id)
+    await orbit.queues.delete(queue)
+    with pytest.raises(NotFound):
+        await orbit.queues.get(queue)
+    await orbit.subscriptions.put("gone", filter=SubscriptionFilter())
+    await orbit.subscriptions.delete("gone")
+    with pytest.raises(NotFound):
+        await orbit.subscriptions.get("gone")
+    await orbit.workflows.publish(
+        "flow", {"steps": [{"id": "done", "type": "succeed", "output": {}}]}
+    )
+    await orbit.workflows.delete("flow")
+    with pytest.raises(NotFound):
+        await orbit.workflows.get("flow")
+
+    # a real SDK worker holding one running attempt
+    work = unique("w")
+    await orbit.queues.put(work)
+    release = asyncio.Event()
+    worker = Worker(env.server.url, env.tenant.key, namespace=env.ns)
+
+    @worker.task(work, "slow")
+    async def slow(ctx: TaskContext, payload: object) -> dict[str, bool]:
+        await release.wait()
+        return {"ok": True}
+
+    running = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        await orbit.tasks.submit(work, "slow", {}, retry_safe=True)
+
+        async def busy() -> WorkerSession | None:
+            page = await orbit.workers.list(queue=work)
+            return next((s for s in page.sessions if s.running == 1), None)
+
+        session = await eventually(busy)
+        assert isinstance(session, WorkerSession) and session.queues == [work]
+        assert session.instance.sdk and session.sdk == session.instance.sdk
+        assert session.attempts[0].state == "RUNNING" and session.capacity >= 1
+        assert [s.id async for s in orbit.workers.iter(queue=work)] == [session.id]
+        closed = await orbit.workers.close(session.id)
+        assert closed.state == "CLOSED" and closed.lost_attempts == 1
+    finally:
+        release.set()
+        worker.drain()
+        await asyncio.wait_for(running, 30)
+
+    events = [e async for e in orbit.audit.iter(action="workers.close")]
+    assert [e.resource_id for e in events] == [session.id]
+    assert isinstance(events[0], AuditEvent) and events[0].outcome == "ok"
+    page = await orbit.audit.list(action="queues.delete", limit=5)
+    assert [(e.resource_id, e.outcome) for e in page.items] == [(queue, "ok"), (queue, "conflict")]
+    assert (await orbit.audit.list(action="queues.delete", outcome="conflict")).items[0].status_code == 409
+    _, reader = await add_key(db, env.tenant, ["tasks.read"])
+    async with OrbitClient(env.server.url, reader, namespace=env.ns) as limited:
+        with pytest.raises(Forbidden):
+            await limited.audit.list()
+        assert (await limited.workers.list()).sessions is not None

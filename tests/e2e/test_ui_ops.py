@@ -69,3 +69,74 @@ async def test_schedule_trigger_backfill_and_delete(
     assert t.http.get(t.path("schedules", "hourly")).status_code == 404
     tasks = t.http.get(t.path("tasks"), params={"queue": "reports"}).json()["items"]
     assert len(tasks) == 4  # history stays
+
+
+def _running_worker(t: ui.Tenant, queue: str) -> tuple[str, str]:
+    """A session over the HTTP fallback holding one running attempt: (session id, task id)."""
+    task = t.submit(queue, "slow")
+    r = t.http.post(t.path("workers", "sessions"), json={
+        "instance": {"host": "ui-host", "pid": 77, "sdk": "ui-test/1"},
+        "queues": [queue], "max_concurrency": 4,
+    })  # fmt: skip
+    assert r.status_code == 201, r.text
+    sid, token = r.json()["session_id"], r.json()["session_token"]
+    session = {"Authorization": f"Bearer {token}"}
+    for _ in range(20):
+        offers = t.http.post(
+            t.path("workers", "sessions", sid, "poll"), params={"wait_ms": 1000}, headers=session
+        ).json()["offers"]
+        if offers:
+            break
+    (offer,) = offers
+    started = t.http.post(t.path("attempts", offer["attempt_id"], "start"), headers=session)
+    assert started.json()["type"] == "started", started.text
+    return sid, task["id"]
+
+
+async def test_workers_page_and_close(
+    console: Console, server: ConsoleServer, db: Database
+) -> None:
+    t = await bootstrap(server, db)
+    t.queue("jobs")
+    sid, task_id = _running_worker(t, "jobs")
+    page = console.page
+    await console.login(t.key, t.ns)
+    await page.get_by_role("link", name="Workers").click()
+    row = page.locator("table.grid tbody tr").filter(has_text="ui-host (pid 77)")
+    await expect(row).to_have_count(1)
+    await expect(row).to_contain_text("ui-test/1")
+    await expect(row).to_contain_text("1 / 4")
+    await expect(row.get_by_role("link", name=f"Task {task_id}")).to_be_visible()
+    await console.shot("ops-workers", full_page=True)
+    await row.get_by_text("Close…").click()
+    await row.get_by_role("button", name="Yes, close this session").click()
+    status = page.locator("#view p[role=status]")
+    await expect(status).to_contain_text("1 running attempts recovered")
+    await expect(page.locator("table.grid tbody tr").filter(has_text="ui-host")).to_have_count(0)
+    assert t.task(task_id)["state"] == "NEEDS_REVIEW"
+    await page.get_by_label("State").select_option("CLOSED")
+    await page.get_by_role("button", name="Show").click()
+    await expect(page.locator("table.grid tbody tr").filter(has_text="ui-host")).to_have_count(1)
+    assert sid
+
+
+async def test_audit_view_filters(console: Console, server: ConsoleServer, db: Database) -> None:
+    t = await bootstrap(server, db)
+    t.queue("audited")
+    assert t.http.post(t.path("queues", "audited", "pause")).status_code == 200
+    assert t.http.delete(t.path("queues", "nope")).status_code == 404
+    page = console.page
+    await console.login(t.key, t.ns)
+    await page.get_by_role("link", name="Audit").click()
+    rows = page.locator("table.grid tbody tr")
+    await expect(rows.filter(has_text="queues.pause")).to_have_count(1)
+    await expect(rows.filter(has_text="queues.put").first).to_be_visible()
+    await page.get_by_label("Action").fill("queues.pause")
+    await page.get_by_role("button", name="Search").click()
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("queue audited")
+    await expect(rows.first).to_contain_text("OK")
+    await console.shot("ops-audit")
+    await page.get_by_label("Outcome").select_option("denied")
+    await page.get_by_role("button", name="Search").click()
+    await expect(rows.first).to_contain_text("No audit event matches these filters.")

@@ -6,6 +6,7 @@
 | GET | /v1/namespaces/{ns}/workflows/{name} (the workflow and its versions, newest first) |
 | GET | /v1/namespaces/{ns}/workflows/{name}/versions/{version} (one version, exact text) |
 | GET | /v1/namespaces/{ns}/workflows (list; additive) |
+| DELETE | /v1/namespaces/{ns}/workflows/{name} (204; 409 while instances run; additive) |
 """
 
 from __future__ import annotations
@@ -118,11 +119,28 @@ async def list_workflows(request: Request) -> Response:
     return json_response(WorkflowPage([definitions.workflow_summary(r) for r in rows], nxt))
 
 
+@api(
+    "Delete a workflow definition (409 while instances run; versions and finished "
+    "instances stay as history)",
+    responses={204: None}, errors=[403, 404, 409], action=MANAGE, tags=TAGS,
+)  # fmt: skip
+async def delete_workflow(request: Request) -> Response:
+    principal = await authorize(request, MANAGE, request.path_params["ns"])
+    name = check_name(request.path_params["name"], "name")
+    ns_id = _namespace(principal)
+    audit_intent(request, definitions.DELETE, "workflow", name, ns_id)
+    await definitions.delete_definition(
+        _ctx(request).db, principal.actor, ns_id, name, request_id=request_id(request)
+    )
+    return Response(status_code=204)
+
+
 def routes() -> list[BaseRoute]:
     base = "/v1/namespaces/{ns}/workflows"
     return [
         Route(base, list_workflows, methods=["GET"]),
         Route(f"{base}/{{name}}", get_workflow, methods=["GET"]),
+        Route(f"{base}/{{name}}", delete_workflow, methods=["DELETE"]),
         Route(f"{base}/{{name}}/versions", publish_version, methods=["POST"]),
         Route(f"{base}/{{name}}/versions/{{version}}", get_version, methods=["GET"]),
     ]

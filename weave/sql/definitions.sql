@@ -13,6 +13,31 @@ FROM weave_definitions
 WHERE namespace_id = %(namespace_id)s AND name = %(name)s
 FOR UPDATE
 
+-- name: definition_get_by_name_shared
+-- An instance start reads its workflow under a shared lock: a delete (FOR UPDATE) waits for
+-- the start to commit (and then sees its RUNNING instance), or runs first (and the start then
+-- sees no workflow).
+SELECT namespace_id, id, name, owner_id, latest_version, revision, created_at, updated_at
+FROM weave_definitions
+WHERE namespace_id = %(namespace_id)s AND name = %(name)s
+LOCK IN SHARE MODE
+
+-- name: definition_delete_if_revision
+-- Delete a workflow definition row (its immutable versions stay as history). 0 rows = the
+-- revision moved on.
+DELETE FROM weave_definitions
+WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+
+-- name: definition_running_instances
+-- RUNNING instances of a definition (index ix_weave_instances_definition), at most
+-- %(limit)s ids, and how many there are in total (a delete is refused while any runs).
+SELECT id, COUNT(*) OVER () AS total
+FROM weave_instances
+WHERE namespace_id = %(namespace_id)s AND definition_id = %(definition_id)s
+  AND state = 'RUNNING'
+ORDER BY created_at, id
+LIMIT %(limit)s
+
 -- name: definition_get
 SELECT namespace_id, id, name, owner_id, latest_version, revision, created_at, updated_at
 FROM weave_definitions

@@ -31,6 +31,39 @@ async def definition_get_by_name(tx: Tx, namespace_id: bytes, name: str) -> Defi
     )
 
 
+async def definition_get_by_name_shared(
+    tx: Tx, namespace_id: bytes, name: str
+) -> DefinitionRow | None:
+    """Read the definition row under a shared lock (an instance start)."""
+    return _definition(
+        await tx.fetchone(
+            Q.definition_get_by_name_shared, {"namespace_id": namespace_id, "name": name}
+        )
+    )
+
+
+async def definition_delete_if_revision(
+    tx: Tx, namespace_id: bytes, definition_id: bytes, revision: int
+) -> bool:
+    """Delete the definition row (versions stay). False: the revision moved on."""
+    n = await tx.execute(
+        Q.definition_delete_if_revision,
+        {"namespace_id": namespace_id, "id": definition_id, "revision": revision},
+    )
+    return n == 1
+
+
+async def definition_running_instances(
+    tx: Tx, namespace_id: bytes, definition_id: bytes, limit: int
+) -> tuple[int, list[bytes]]:
+    """(how many RUNNING instances the definition has, the first ``limit`` ids)."""
+    rows = await tx.fetchall(
+        Q.definition_running_instances,
+        {"namespace_id": namespace_id, "definition_id": definition_id, "limit": limit},
+    )
+    return (int(rows[0]["total"]) if rows else 0), [r["id"] for r in rows]
+
+
 async def definition_lock_by_name(tx: Tx, namespace_id: bytes, name: str) -> DefinitionRow | None:
     """Read and lock the definition row (FOR UPDATE); None when the name is new."""
     return _definition(

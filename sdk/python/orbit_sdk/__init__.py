@@ -35,6 +35,14 @@ from .errors import (
     TaskError,
     Unauthenticated,
 )
+from .ops_types import (
+    AuditActor,
+    AuditEvent,
+    HeldAttempt,
+    WorkerInstance,
+    WorkerPage,
+    WorkerSession,
+)
 from .schedule_types import (
     Backfill,
     Occurrence,
@@ -91,6 +99,8 @@ __all__ = [
     "AckResult",
     "Application",
     "Attempt",
+    "AuditActor",
+    "AuditEvent",
     "Backfill",
     "Backlog",
     "Backoff",
@@ -105,6 +115,7 @@ __all__ = [
     "Event",
     "EventPage",
     "Forbidden",
+    "HeldAttempt",
     "History",
     "HistoryEntry",
     "HistorySignal",
@@ -156,6 +167,9 @@ __all__ = [
     "Trigger",
     "Unauthenticated",
     "Worker",
+    "WorkerInstance",
+    "WorkerPage",
+    "WorkerSession",
     "WorkerStats",
     "WorkflowInfo",
     "WorkflowSummary",

@@ -103,3 +103,11 @@ class QueuesAPI:
         """Open the queue's execution gate again. Idempotent."""
         response = await self._http.request("POST", self._path(f"/{seg(name)}/resume"))
         return msgspec.json.decode(response.content or b"null")
+
+    async def delete(self, name: str, *, if_match: str | None = None) -> None:
+        """Delete a queue nothing holds any more. While it has unfinished tasks, a schedule
+        targets it or a worker session takes work from it, this raises
+        :class:`~orbit_sdk.errors.Conflict` whose ``details`` name them
+        (``unfinished_tasks``, ``schedules``, ``sessions``). Finished tasks stay readable."""
+        headers = {"If-Match": if_match} if if_match is not None else None
+        await self._http.request("DELETE", self._path(f"/{seg(name)}"), headers=headers)

@@ -112,6 +112,13 @@ class SubscriptionsAPI:
         """The subscription's configuration, scan position, ``backlog`` and ``etag``."""
         return decode_resource(await self._http.request("GET", self._sub(name)), Subscription)
 
+    async def delete(self, name: str, *, if_match: str | int | None = None) -> None:
+        """Delete the subscription: its streams end and nothing more is delivered; its
+        delivery history stays. The name can be used again (a new start position)."""
+        await self._http.request(
+            "DELETE", self._sub(name), headers=conditional_headers(if_match)
+        )
+
     async def pull(
         self, name: str, *, max: int | None = None, wait_ms: int | None = None
     ) -> builtins.list[PulledDelivery]:

@@ -124,6 +124,13 @@ class WorkflowsAPI:
         )
         return decode_items(response.content, WorkflowSummary)
 
+    async def delete(self, name: str) -> None:
+        """Delete the workflow so no instance can start (a later publish begins again at
+        version 1). While an instance runs this raises :class:`~orbit_sdk.errors.Conflict`
+        (``details``: ``running_instances``, ``instances``). Versions and finished instances
+        stay."""
+        await self._http.request("DELETE", self._path(f"/{seg(name)}"))
+
     def iter(self, *, page_size: int | None = None) -> AsyncIterator[WorkflowSummary]:
         """Every workflow of the namespace."""
         return iterate_pages(lambda cursor: self.list(limit=page_size, cursor=cursor))

@@ -5,7 +5,8 @@
         done = await orbit.tasks.wait(task.id, timeout=30)
 
 Calls are grouped: ``orbit.tasks``, ``orbit.queues``, ``orbit.schedules``, ``orbit.workflows``,
-``orbit.instances``, ``orbit.subscriptions``, ``orbit.events`` (namespaced) and ``orbit.admin``.
+``orbit.instances``, ``orbit.subscriptions``, ``orbit.events``, ``orbit.workers``,
+``orbit.audit`` (namespaced) and ``orbit.admin``.
 ``base_url``/``api_key``/``namespace`` default to ``ORBIT_URL``/``ORBIT_KEY``/
 ``ORBIT_NAMESPACE``.
 """
@@ -19,6 +20,7 @@ import httpx
 
 from ._admin import AdminAPI
 from ._http import HttpTransport
+from ._operators import AuditAPI, WorkersAPI
 from ._queues import QueuesAPI
 from ._schedules import SchedulesAPI
 from ._subscriptions import EventsAPI, SubscriptionsAPI
@@ -73,6 +75,10 @@ class OrbitClient:
         """Subscriptions and deliveries (HTTP pull, ack, nack, history, budget)."""
         self.events = EventsAPI(self._http, self._require_namespace)
         """The namespace's result events by sequence."""
+        self.workers = WorkersAPI(self._http, self._require_namespace)
+        """Connected worker sessions; an operator's close of one."""
+        self.audit = AuditAPI(self._http, self._require_namespace)
+        """The namespace's audit trail (needs ``admin``)."""
         self.admin = AdminAPI(self._http)
         """Applications, namespaces, credentials, quotas."""
 

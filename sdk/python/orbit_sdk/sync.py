@@ -17,12 +17,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import httpx
 
 from ._admin import AdminAPI
+from ._operators import AuditAPI, WorkersAPI
 from ._queues import QueuesAPI
 from ._schedules import SchedulesAPI
 from ._subscriptions import EventsAPI, SubscriptionsAPI
 from ._tasks import TasksAPI
 from ._workflows import InstancesAPI, WorkflowsAPI
 from .client import OrbitClient
+from .ops_types import AuditEvent, WorkerSession
 from .schedule_types import Occurrence, Schedule
 from .subscription_types import DeliveryInfo
 from .types import Event, Queue, Task
@@ -93,6 +95,7 @@ class SyncQueues(_SyncGroup):
     list = _blocking(QueuesAPI.list)
     pause = _blocking(QueuesAPI.pause)
     resume = _blocking(QueuesAPI.resume)
+    delete = _blocking(QueuesAPI.delete)
 
     def iter(self, *, page_size: int | None = None) -> Iterator[Queue]:
         """Every queue of the namespace."""
@@ -132,6 +135,7 @@ class SyncWorkflows(_SyncGroup):
     get = _blocking(WorkflowsAPI.get)
     version = _blocking(WorkflowsAPI.version)
     list = _blocking(WorkflowsAPI.list)
+    delete = _blocking(WorkflowsAPI.delete)
 
     def iter(self, *, page_size: int | None = None) -> Iterator[WorkflowSummary]:
         """Every workflow of the namespace."""
@@ -178,6 +182,7 @@ class SyncSubscriptions(_SyncGroup):
     nack = _blocking(SubscriptionsAPI.nack)
     deliveries = _blocking(SubscriptionsAPI.deliveries)
     add_budget = _blocking(SubscriptionsAPI.add_budget)
+    delete = _blocking(SubscriptionsAPI.delete)
 
     def iter_deliveries(
         self, name: str, *, state: str | None = None, page_size: int | None = None
@@ -205,6 +210,30 @@ class SyncEvents(_SyncGroup):
                 after_seq=after_seq, page_size=page_size, follow=follow, interval=interval
             )
         )
+
+
+class SyncWorkers(_SyncGroup):
+    """Blocking ``client.workers``."""
+
+    list = _blocking(WorkersAPI.list)
+    close = _blocking(WorkersAPI.close)
+
+    def iter(
+        self, *, state: str | None = None, queue: str | None = None, page_size: int | None = None
+    ) -> Iterator[WorkerSession]:
+        """Every matching worker session."""
+        return self._iterate(self._async.iter(state=state, queue=queue, page_size=page_size))
+
+
+class SyncAudit(_SyncGroup):
+    """Blocking ``client.audit``."""
+
+    list = _blocking(AuditAPI.list)
+
+    def iter(self, **filters: Any) -> Iterator[AuditEvent]:
+        """Every matching audit event, newest first (``outcome=``, ``action=``,
+        ``since=``, ``until=``, ``page_size=``)."""
+        return self._iterate(self._async.iter(**filters))
 
 
 class SyncAdmin(_SyncGroup):
@@ -241,6 +270,8 @@ class SyncOrbitClient:
         self.instances = SyncInstances(self._client.instances, self._runner)
         self.subscriptions = SyncSubscriptions(self._client.subscriptions, self._runner)
         self.events = SyncEvents(self._client.events, self._runner)
+        self.workers = SyncWorkers(self._client.workers, self._runner)
+        self.audit = SyncAudit(self._client.audit, self._runner)
         self.admin = SyncAdmin(self._client.admin, self._runner)
 
     def __repr__(self) -> str:

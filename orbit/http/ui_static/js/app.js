@@ -4,6 +4,7 @@ import { ApiError, get, loadCapabilities, request, session } from "./api.js";
 import { clear, h } from "./dom.js";
 import { createPoller } from "./poller.js";
 import { errorPanel } from "./widgets.js";
+import * as audit from "./views/audit.js";
 import * as events from "./views/events.js";
 import * as queues from "./views/queues.js";
 import * as review from "./views/review.js";
@@ -11,6 +12,7 @@ import * as schedules from "./views/schedules.js";
 import * as subscriptions from "./views/subscriptions.js";
 import * as task from "./views/task.js";
 import * as tasks from "./views/tasks.js";
+import * as workers from "./views/workers.js";
 import * as workflows from "./views/workflows.js";
 
 const $ = (id) => document.getElementById(id);
@@ -41,6 +43,8 @@ const ROUTES = [
   { match: /^instances\/([0-9a-f]{32})$/, view: workflows, nav: "workflows", instance: true },
   { match: /^subscriptions(?:\/(.+))?$/, view: subscriptions, nav: "subscriptions" },
   { match: /^events$/, view: events, nav: "events" },
+  { match: /^workers$/, view: workers, nav: "workers" },
+  { match: /^audit$/, view: audit, nav: "audit" },
 ];
 
 function parseHash() {

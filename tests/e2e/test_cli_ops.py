@@ -1,0 +1,76 @@
+"""``orbit queues|subscriptions|workflows delete``, ``orbit workers list|close`` and
+``orbit audit list`` run as processes against a real orbit-server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_support import CliTenant, HttpWorker, loads, server_fixture
+
+from orbit.storage import DSN
+
+pytestmark = pytest.mark.process
+
+server = server_fixture()
+
+
+@pytest.fixture
+def t(server, dsn: DSN) -> CliTenant:
+    tenant = CliTenant.bootstrap(server, dsn)
+    tenant.add_queue("jobs")
+    return tenant
+
+
+def test_deletes(t: CliTenant) -> None:
+    task = t.submit("jobs")
+    held = t.orbit("queues", "delete", "jobs")
+    assert held.returncode == 1 and "409" in held.stderr and "1 unfinished task" in held.stderr
+    assert t.api("POST", f"/tasks/{task['id']}/cancel").status_code == 200
+    gone = t.orbit("queues", "delete", "jobs")
+    assert gone.returncode == 0 and "queue jobs deleted" in gone.stdout
+    assert t.orbit("queues", "get", "jobs").returncode == 1
+    assert t.orbit("queues", "delete", "jobs", "--json").returncode == 1  # 404 now
+
+    assert t.api("PUT", "/subscriptions/feed", json={"filter": {}}).status_code == 201
+    stale = t.orbit("subscriptions", "delete", "feed", "--if-match", "7")
+    assert stale.returncode == 1 and "412" in stale.stderr
+    assert loads(t.orbit("subscriptions", "delete", "feed", "--json")) == {"deleted": True}
+
+    doc = {"steps": [{"id": "done", "type": "succeed", "output": {}}]}
+    assert t.api("POST", "/workflows/noop/versions", json={"definition": doc}).status_code == 201
+    assert t.orbit("workflows", "delete", "noop").returncode == 0
+    assert t.orbit("workflows", "get", "noop").returncode == 1
+
+
+def test_workers_list_and_close(t: CliTenant) -> None:
+    t.submit("jobs")
+    worker = HttpWorker(t, ["jobs"])
+    (started,) = worker.start(1)
+    listed = loads(t.orbit("workers", "list", "--json"))
+    [s] = listed["sessions"]
+    assert s["id"] == worker.sid and s["in_flight"] == 1 and s["queues"] == ["jobs"]
+    human = t.orbit("workers", "list")
+    assert human.returncode == 0 and worker.sid in human.stdout and "cli-test" in human.stdout
+    refused = t.orbit("workers", "close", worker.sid)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    closed = loads(t.orbit("workers", "close", worker.sid, "--yes", "--json"))
+    assert closed["state"] == "CLOSED" and closed["lost_attempts"] == 1
+    task = t.api("GET", f"/tasks/{started['task_id']}").json()
+    assert task["state"] == "NEEDS_REVIEW"
+    assert loads(t.orbit("workers", "list", "--json"))["sessions"] == []
+    everything = loads(t.orbit("workers", "list", "--state", "any", "--json"))
+    assert [x["state"] for x in everything["sessions"]] == ["CLOSED"]
+
+
+def test_audit_list(t: CliTenant) -> None:
+    assert t.orbit("queues", "pause", "jobs").returncode == 0
+    page = loads(t.orbit("audit", "list", "--action", "queues.pause", "--json"))
+    [event] = page["items"]
+    assert event["outcome"] == "ok" and event["resource_id"] == "jobs"
+    human = t.orbit("audit", "list", "--limit", "5")
+    assert human.returncode == 0 and "queues.pause" in human.stdout
+    bad = t.orbit("audit", "list", "--since", "yesterday")
+    assert bad.returncode == 1 and "400" in bad.stderr
+    every = t.orbit("audit", "list", "--all", "--json")
+    assert json.loads(every.stdout)["next_cursor"] is None
