@@ -30,6 +30,7 @@ from orbit_cmd.cli_common import (
     splice,
 )
 from orbit_cmd.cli_http import EXIT_API_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit
+from orbit_cmd.cli_rerun import add_rerun
 
 TASK_FIELDS = [
     "id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "owner_id",
@@ -385,4 +386,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("id")
     p.set_defaults(func=cmd_attempts, json=False)
 
+    add_rerun(tasks)
     cli_events.add_tail(tasks, "tail")

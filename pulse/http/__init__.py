@@ -23,6 +23,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "pulse.http.schedule_controls",  # schedule trigger, backfill, delete
     "pulse.http.queue_delete",  # queue delete
     "pulse.http.workers_view",  # connected workers, operator close
+    "pulse.http.rerun",  # re-run finished tasks
 )
 
 

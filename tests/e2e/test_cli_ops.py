@@ -1,5 +1,6 @@
-"""``orbit queues|subscriptions|workflows delete``, ``orbit workers list|close`` and
-``orbit audit list`` run as processes against a real orbit-server."""
+"""``orbit queues|subscriptions|workflows delete``, ``orbit workers list|close``,
+``orbit audit list`` and ``orbit tasks retry|retry-all`` run as processes against a real
+orbit-server."""
 
 from __future__ import annotations
 
@@ -74,3 +75,39 @@ def test_audit_list(t: CliTenant) -> None:
     assert bad.returncode == 1 and "400" in bad.stderr
     every = t.orbit("audit", "list", "--all", "--json")
     assert json.loads(every.stdout)["next_cursor"] is None
+
+
+def _fail(t: CliTenant, worker: HttpWorker, started: dict[str, object], error_type: str) -> None:
+    token = json.dumps(started["execution_token"])
+    r = worker._post(
+        f"/attempts/{started['attempt_id']}/fail",
+        content=f'{{"execution_token": {token}, "error": {{"type": "{error_type}"}}}}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 200 and r.json()["task_state"] == "FAILED", r.text
+
+
+def test_retry_and_retry_all(t: CliTenant) -> None:
+    for _ in range(3):
+        t.submit("jobs", max_attempts=1)
+    worker = HttpWorker(t, ["jobs"])
+    started = worker.start(3)
+    for i, s in enumerate(started):
+        _fail(t, worker, s, "Timeout" if i else "Bug")
+    one = started[0]["task_id"]
+    missing_note = t.orbit("tasks", "retry", one)
+    assert missing_note.returncode == 2
+    task = loads(t.orbit("tasks", "retry", one, "--note", "fixed", "--json"))
+    assert task["state"] == "WAITING" and task["resolution"]["note"] == "fixed"
+    again = t.orbit("tasks", "retry", one, "--note", "twice")
+    assert again.returncode == 1 and "409" in again.stderr
+    counted = t.orbit("tasks", "retry-all", "--note", "outage", "--error-type", "Timeout")
+    assert counted.returncode == 2 and "2 finished tasks match; add --yes" in counted.stdout
+    assert t.api("GET", f"/tasks/{started[1]['task_id']}").json()["state"] == "FAILED"
+    done = loads(t.orbit("tasks", "retry-all", "--note", "outage", "--error-type", "Timeout",
+                         "--yes", "--json"))  # fmt: skip
+    assert done == {"retried": 2, "quota_refused": 0}
+    for s in started[1:]:
+        assert t.api("GET", f"/tasks/{s['task_id']}").json()["state"] == "WAITING"
+    none = t.orbit("tasks", "retry-all", "--note", "n", "--queue", "jobs")
+    assert none.returncode == 0 and "0 finished tasks match" in none.stdout

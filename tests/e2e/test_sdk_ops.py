@@ -20,6 +20,7 @@ from orbit_sdk import (
     OrbitClient,
     Overlap,
     PreconditionFailed,
+    RetryAllResult,
     ScheduleTaskSpec,
     SubscriptionFilter,
     SyncOrbitClient,
@@ -168,3 +169,25 @@ async def test_deletes_workers_and_audit(env: Env, db: Database) -> None:
         with pytest.raises(Forbidden):
             await limited.audit.list()
         assert (await limited.workers.list()).sessions is not None
+
+
+async def test_retry_and_retry_all(env: Env) -> None:
+    orbit = env.orbit
+    queue = unique("q")
+    await orbit.queues.put(queue)
+    tasks = [await orbit.tasks.submit(queue, "k", {"i": i}) for i in range(3)]
+    for task in tasks:
+        await orbit.tasks.cancel(task.id)
+    again = await orbit.tasks.retry(tasks[0].id, note="one more time", attempts=2)
+    assert again.state == "WAITING" and again.max_attempts >= 2
+    with pytest.raises(Conflict):
+        await orbit.tasks.retry(tasks[0].id, note="not finished")
+    counted = await orbit.tasks.retry_all(note="all", queue=queue, dry_run=True)
+    assert isinstance(counted, RetryAllResult) and counted.matched == 2 and not counted.more
+    done = await orbit.tasks.retry_all(note="all", queue=queue, states=["CANCELLED"])
+    assert done.retried == 2 and done.quota_refused == 0
+    assert {(await orbit.tasks.get(t.id)).state for t in tasks} == {"WAITING"}
+    with pytest.raises(InvalidRequest):
+        await orbit.tasks.retry_all(note="n", finished_after=datetime(2030, 1, 1),
+                                    finished_before=datetime(2020, 1, 1))  # fmt: skip
+

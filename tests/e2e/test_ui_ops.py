@@ -140,3 +140,29 @@ async def test_audit_view_filters(console: Console, server: ConsoleServer, db: D
     await page.get_by_label("Outcome").select_option("denied")
     await page.get_by_role("button", name="Search").click()
     await expect(rows.first).to_contain_text("No audit event matches these filters.")
+
+
+async def test_rerun_a_cancelled_task_from_its_page(
+    console: Console, server: ConsoleServer, db: Database
+) -> None:
+    t = await bootstrap(server, db)
+    t.queue("again")
+    task = t.submit("again", "k")
+    assert t.http.post(t.path("tasks", task["id"], "cancel")).status_code == 200
+    page = console.page
+    await console.login(t.key, t.ns)
+    await console.go(f"#/tasks/{task['id']}")
+    await page.get_by_text("Re-run…").click()
+    await page.get_by_role("button", name="Re-run task").click()
+    status = page.locator("#view p[role=status]").filter(has_text="Write a note")
+    await expect(status).to_be_visible()
+    await page.get_by_label("Note (required: why, kept on the task and in the audit trail)").fill(
+        "cancelled by mistake"
+    )
+    await page.get_by_label("Further attempts allowed").fill("2")
+    await console.shot("ops-rerun-form")
+    await page.get_by_role("button", name="Re-run task").click()
+    await expect(page.get_by_role("heading", level=1)).to_contain_text("WAITING")
+    after = t.task(task["id"])
+    assert after["state"] == "WAITING" and after["resolution"]["note"] == "cancelled by mistake"
+    await expect(page.get_by_text("Re-run…")).to_have_count(0)

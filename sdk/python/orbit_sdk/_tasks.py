@@ -1,4 +1,5 @@
-"""``client.tasks``: submit, read, list, cancel and resolve tasks; read result events."""
+"""``client.tasks``: submit, read, list, cancel, resolve and re-run tasks; read result
+events."""
 
 from __future__ import annotations
 
@@ -12,7 +13,18 @@ import msgspec
 from msgspec import UNSET
 
 from ._http import HttpTransport, seg
-from .types import Attempt, BatchItem, CancelAllResult, Event, EventPage, Page, Task, TaskSpec
+from ._requests import utc_text
+from .types import (
+    Attempt,
+    BatchItem,
+    CancelAllResult,
+    Event,
+    EventPage,
+    Page,
+    RetryAllResult,
+    Task,
+    TaskSpec,
+)
 
 __all__ = ["TasksAPI"]
 
@@ -210,6 +222,45 @@ class TasksAPI:
         return await self._http.call(
             "POST", self._path(f"/{seg(task_id)}/resolve"), Task, body=body
         )
+
+    async def retry(self, task_id: str, *, note: str, attempts: int = 1) -> Task:
+        """Re-run a FAILED or CANCELLED task: back to WAITING with a new generation, at least
+        ``attempts`` more attempts allowed; its attempts stay in its history and ``note`` is
+        kept on it (``resolution``) and in the audit trail. Another state raises
+        :class:`~orbit_sdk.errors.Conflict`; a full queue
+        :class:`~orbit_sdk.errors.QuotaExceeded`."""
+        return await self._http.call(
+            "POST", self._path(f"/{seg(task_id)}/retry"), Task,
+            body={"note": note, "attempts": attempts},
+        )  # fmt: skip
+
+    async def retry_all(
+        self,
+        *,
+        note: str,
+        attempts: int = 1,
+        states: Sequence[str] | None = None,
+        queue: str | None = None,
+        kind: str | None = None,
+        owner_id: str | None = None,
+        error_type: str | None = None,
+        finished_after: datetime | str | None = None,
+        finished_before: datetime | str | None = None,
+        dry_run: bool = False,
+    ) -> RetryAllResult:
+        """Re-run every finished task of the filters (``states`` FAILED and/or CANCELLED,
+        default both; ``error_type`` matches a failed task's error ``type``; the finish time
+        in ``[finished_after, finished_before)``, ``finished_before`` defaulting to now), oldest
+        finish first. ``dry_run`` only counts (``matched``, ``more`` past 100,000). A quota
+        that fills up stops it (``quota_refused``)."""
+        body: dict[str, Any] = {"note": note, "attempts": attempts, "dry_run": dry_run}
+        for name, value in (("states", list(states) if states else None), ("queue", queue),
+                            ("kind", kind), ("owner_id", owner_id), ("error_type", error_type),
+                            ("finished_after", finished_after),
+                            ("finished_before", finished_before)):  # fmt: skip
+            if value is not None:
+                body[name] = utc_text(value) if isinstance(value, datetime) else value
+        return await self._http.call("POST", self._path(":retry"), RetryAllResult, body=body)
 
     async def attempts(self, task_id: str) -> builtins.list[Attempt]:
         """The task's attempts, oldest first, with the server's evidence."""

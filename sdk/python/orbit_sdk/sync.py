@@ -78,6 +78,8 @@ class SyncTasks(_SyncGroup):
     cancel = _blocking(TasksAPI.cancel)
     cancel_all = _blocking(TasksAPI.cancel_all)
     resolve = _blocking(TasksAPI.resolve)
+    retry = _blocking(TasksAPI.retry)
+    retry_all = _blocking(TasksAPI.retry_all)
     attempts = _blocking(TasksAPI.attempts)
     events = _blocking(TasksAPI.events)
     wait = _blocking(TasksAPI.wait)

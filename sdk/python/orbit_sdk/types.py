@@ -29,6 +29,7 @@ __all__ = [
     "Page",
     "Queue",
     "QueueConfig",
+    "RetryAllResult",
     "RetryPolicy",
     "Task",
     "TaskSpec",
@@ -149,6 +150,16 @@ class CancelAllResult(msgspec.Struct, kw_only=True):
 
     cancelled: int = 0
     cancel_requested: int = 0
+
+
+class RetryAllResult(msgspec.Struct, kw_only=True):
+    """Bulk re-run: tasks re-run and those a full quota refused; for a dry run, how many
+    match (``more``: past the count's cap)."""
+
+    retried: int = 0
+    quota_refused: int = 0
+    matched: int | None = None
+    more: bool = False
 
 
 class Attempt(msgspec.Struct, kw_only=True):

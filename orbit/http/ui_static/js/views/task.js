@@ -1,9 +1,10 @@
 // Task detail: facts, payload/result/error (pretty and exact), attempts with evidence, a
-// timeline, cancel and (for NEEDS_REVIEW) resolve.
+// timeline, cancel, re-run (FAILED or CANCELLED) and (for NEEDS_REVIEW) resolve.
 
 import { get, nsPath, post, serves } from "../api.js";
 import { deflist, h, table } from "../dom.js";
 import { jsonBlock, jsonInline, num, shortId, state, time, yesno } from "../format.js";
+import { rerunForm } from "../rerun.js";
 import { resolveForm } from "../resolve.js";
 import { act, liveRegion, missing } from "../widgets.js";
 
@@ -66,6 +67,10 @@ export function mount(ctx) {
         if (r) { details.open = false; details.removeAttribute("data-hold"); live.invalidate(); await live.refresh(); }
       });
       bar.append(details);
+    }
+    if ((t.state === "FAILED" || t.state === "CANCELLED") && serves("POST", "/v1/namespaces/{ns}/tasks/{id}/retry")
+        && !(t.source && t.source.kind === "workflow")) {
+      bar.append(rerunForm(t, { announce: ctx.announce, onDone: async () => { live.invalidate(); await live.refresh(); } }));
     }
     if (t.state === "NEEDS_REVIEW") {
       bar.append(resolveForm(t, {
