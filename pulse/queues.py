@@ -28,7 +28,7 @@ from orbit.http.etag import Preconditions
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.times import format_opt
-from pulse import transitions
+from pulse import retry_bounds, transitions
 from pulse.errors import CursorMismatch, QueueNotFound
 from pulse.store import queues as store
 from pulse.store import tasks as task_store
@@ -47,6 +47,9 @@ _CONFIG_FIELDS = (
     "retry_backoff_initial_ms",
     "retry_backoff_max_ms",
     "retry_backoff_multiplier",
+    "retry_bound_min_ms",
+    "retry_bound_max_ms",
+    "retry_bound_multiplier_max",
     "stuck_after_ms",
 )
 
@@ -78,6 +81,7 @@ def _config(body: QueuePut) -> dict[str, Any]:
         "retry_backoff_initial_ms": retry.backoff_initial_ms,
         "retry_backoff_max_ms": retry.backoff_max_ms,
         "retry_backoff_multiplier": float(retry.backoff_multiplier),
+        **retry_bounds.bounds_config(body),
         "stuck_after_ms": body.stuck_after_ms,
     }
 
@@ -85,8 +89,8 @@ def _config(body: QueuePut) -> dict[str, Any]:
 def _same_config(row: dict[str, Any], config: dict[str, Any]) -> bool:
     for name in _CONFIG_FIELDS:
         a, b = row[name], config[name]
-        if name == "retry_backoff_multiplier":
-            if float(a) != float(b):
+        if name in ("retry_backoff_multiplier", "retry_bound_multiplier_max"):
+            if (None if a is None else float(a)) != (None if b is None else float(b)):
                 return False
         elif (None if a is None else int(a)) != b:
             return False
@@ -119,6 +123,7 @@ def queue_view(
             "backoff_max_ms": int(row["retry_backoff_max_ms"]),
             "backoff_multiplier": float(row["retry_backoff_multiplier"]),
         },
+        "retry_bounds": retry_bounds.bounds_view(row),
         "stuck_after_ms": row["stuck_after_ms"],
         "revision": int(row["revision"]),
         "created_at": format_opt(row["created_at"]),

@@ -8,8 +8,9 @@ Rules (docs/api/tasks.md#submit; docs/invariants.md, rules 1–3):
   ``deduplicated: true``). Concurrent identical submits resolve through the unique index:
   the loser's INSERT waits for the winner, gets a duplicate key, re-reads and answers the
   dedup response.
-* Max attempts and the retry policy are frozen from the queue at submit; the payload is
-  stored as the exact bytes sent.
+* Max attempts and the retry policy are frozen at submit — the task's own (``max_attempts``,
+  ``retry``, within the queue's ``retry_bounds``: :mod:`pulse.retry_bounds`) or the queue's;
+  the payload is stored as the exact bytes sent.
 * Quotas: the queue's (and the owning application's) ``max_unfinished_tasks``. A refused
   single submit writes nothing (429, ``Retry-After``); in a batch the refused items get 429
   and the others commit. Usage counters change in the same transaction as the insert.
@@ -46,7 +47,7 @@ from orbit.ids import id_hex, new_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.storage.errors import CHECK_VIOLATED, error_code
 from orbit.times import format_time, parse_time
-from pulse import transitions
+from pulse import retry_bounds, transitions
 from pulse.errors import QueueNotFound, QueueQuotaExceeded
 from pulse.store import queues as queue_store
 from pulse.store import tasks as store
@@ -262,7 +263,12 @@ async def submit_in_tx(
     for p in prepared:
         allowed = allowed_queues is None or p.body.queue in allowed_queues
         if allowed and p.body.queue in queues:
-            live.append(p)
+            # A task's own retry policy must stay within its queue's bounds (400 per item).
+            bad = retry_bounds.check(p.body, queues[p.body.queue])
+            if bad is not None:
+                results[p.index] = ItemResult(bad.status, error=bad)
+            else:
+                live.append(p)
         else:
             err = QueueNotFound()
             results[p.index] = ItemResult(err.status, error=err)
@@ -418,6 +424,7 @@ def _row(
 ) -> dict[str, Any]:
     b = p.body
     available = p.available_at or (now + timedelta(milliseconds=p.delay_ms))
+    backoff_initial, backoff_max, backoff_multiplier = retry_bounds.effective(b, queue)
     return {
         "namespace_id": namespace_id,
         "id": new_id(),
@@ -432,9 +439,9 @@ def _row(
         "available_at": available,
         "deadline_at": p.deadline_at,
         "max_attempts": b.max_attempts or int(queue["retry_max_attempts"]),
-        "retry_backoff_initial_ms": int(queue["retry_backoff_initial_ms"]),
-        "retry_backoff_max_ms": int(queue["retry_backoff_max_ms"]),
-        "retry_backoff_multiplier": float(queue["retry_backoff_multiplier"]),
+        "retry_backoff_initial_ms": backoff_initial,
+        "retry_backoff_max_ms": backoff_max,
+        "retry_backoff_multiplier": backoff_multiplier,
         "retry_safe": int(b.retry_safe),
         "concurrency_key": b.concurrency_key,
         "concurrency_key_digest": p.key_digest,

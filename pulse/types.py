@@ -42,6 +42,25 @@ class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     backoff_multiplier: Annotated[float, Meta(ge=1.0, le=100.0)] = 2.0
 
 
+class RetryBounds(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """What a task's own retry policy (``TaskSubmit.retry``) may ask for in this queue: its
+    ``backoff_initial_ms`` and ``backoff_max_ms`` within ``[min_delay_ms, max_delay_ms]``, its
+    ``backoff_multiplier`` at most ``max_multiplier``. Absent (None) = no bound of that kind."""
+
+    min_delay_ms: UInt32 | None = None
+    max_delay_ms: UInt32 | None = None
+    max_multiplier: Annotated[float, Meta(ge=1.0, le=100.0)] | None = None
+
+
+class TaskRetry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A task's own backoff (``retry`` of a submit): what is given replaces the queue's
+    default, what is absent keeps it; frozen into the task (pulse/retry_bounds.py)."""
+
+    backoff_initial_ms: UInt32 | None = None
+    backoff_max_ms: UInt32 | None = None
+    backoff_multiplier: Annotated[float, Meta(ge=1.0, le=100.0)] | None = None
+
+
 class QueuePut(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``PUT /v1/namespaces/{ns}/queues/{queue}``: the whole configuration (absent = default)."""
 
@@ -50,6 +69,7 @@ class QueuePut(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_starts_per_second: Limit | None = None
     lease_ms: Annotated[int, Meta(ge=1000, le=86_400_000)] = 30_000
     retry: RetryPolicy | None = None
+    retry_bounds: RetryBounds | None = None
     stuck_after_ms: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None
 
 
@@ -72,6 +92,8 @@ class TaskSubmit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     retry_safe: bool = False
     concurrency_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    #: This task's own backoff, within the queue's ``retry_bounds`` (additive).
+    retry: TaskRetry | None = None
 
 
 class BatchSubmit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -31,7 +31,8 @@ from orbit_cmd.cli_http import EXIT_OK, EXIT_USAGE, CliError
 
 QUEUE_FIELDS = [
     "name", "paused", "namespace_paused", "max_unfinished_tasks", "max_concurrency",
-    "max_starts_per_second", "lease_ms", "retry", "stuck_after_ms", "counts", "usage",
+    "max_starts_per_second", "lease_ms", "retry", "retry_bounds", "stuck_after_ms", "counts",
+    "usage",
     "revision", "id", "created_at", "updated_at",
 ]  # fmt: skip
 LIST_COLUMNS = [
@@ -40,6 +41,8 @@ LIST_COLUMNS = [
 ]  # fmt: skip
 LIMITS = ("max_unfinished_tasks", "max_concurrency", "max_starts_per_second")
 RETRY = ("max_attempts", "backoff_initial_ms", "backoff_max_ms", "backoff_multiplier")
+#: What a task's own retry policy may ask for (``retry_bounds``).
+BOUNDS = ("min_delay_ms", "max_delay_ms", "max_multiplier")
 _UNSET: Any = object()
 
 
@@ -53,6 +56,15 @@ def _limit(text: str) -> int | None:
     if value < 0:
         raise argparse.ArgumentTypeError("an integer >= 0 or 'unlimited'")
     return value
+
+
+def _multiplier(text: str) -> float | None:
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a number >= 1 or 'none'") from None
 
 
 def _render(q: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +100,9 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
     retry = {f: getattr(args, f) for f in RETRY if getattr(args, f) is not _UNSET}
     if retry:
         body["retry"] = retry
+    bounds = {f: getattr(args, f) for f in BOUNDS if getattr(args, f) is not _UNSET}
+    if bounds:
+        body["retry_bounds"] = bounds
     return body
 
 
@@ -113,6 +128,8 @@ def cmd_set(args: argparse.Namespace) -> int:
     current = api.json("GET", path)
     body = {f: current[f] for f in (*LIMITS, "lease_ms", "stuck_after_ms")}
     body["retry"] = {**current["retry"], **changes.pop("retry", {})}
+    body["retry_bounds"] = {**(current.get("retry_bounds") or {}),
+                            **changes.pop("retry_bounds", {})}  # fmt: skip
     body.update(changes)
     answer = api.request(
         "PUT", path, json_body=body, headers={"If-Match": f'"{current["revision"]}"'}
@@ -157,6 +174,12 @@ def _config_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backoff-initial-ms", type=int, default=_UNSET)
     p.add_argument("--backoff-max-ms", type=int, default=_UNSET)
     p.add_argument("--backoff-multiplier", type=float, default=_UNSET)
+    p.add_argument("--min-delay-ms", type=_limit, default=_UNSET, metavar="MS|none",
+                   help="retry_bounds: a task's own backoff delays at least this")  # fmt: skip
+    p.add_argument("--max-delay-ms", type=_limit, default=_UNSET, metavar="MS|none",
+                   help="retry_bounds: a task's own backoff delays at most this")  # fmt: skip
+    p.add_argument("--max-multiplier", type=_multiplier, default=_UNSET, metavar="X|none",
+                   help="retry_bounds: a task's own backoff multiplier at most this")  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -64,6 +64,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         "max_attempts": args.max_attempts, "retry_safe": True if args.retry_safe else None,
         "concurrency_key": args.concurrency_key,
     }  # fmt: skip
+    retry = {
+        k: v for k, v in (("backoff_initial_ms", args.backoff_initial_ms),
+                          ("backoff_max_ms", args.backoff_max_ms),
+                          ("backoff_multiplier", args.backoff_multiplier)) if v is not None
+    }  # fmt: skip
+    if retry:
+        fields["retry"] = retry
     answer = api.request(
         "POST",
         ns_path(args, api, "/tasks"),
@@ -314,6 +321,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--retry-safe", action="store_true", help="the task is idempotent")
     p.add_argument("--concurrency-key")
+    p.add_argument("--backoff-initial-ms", type=int, help="this task's own first retry delay")
+    p.add_argument("--backoff-max-ms", type=int, help="this task's own retry delay cap")
+    p.add_argument("--backoff-multiplier", type=float, help="this task's own delay growth")
     p.add_argument("--idempotency-key")
     p.set_defaults(func=cmd_submit, json=False)
 

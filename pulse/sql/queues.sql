@@ -6,14 +6,16 @@
 -- name: queue_get_by_name
 SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
   lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
-  retry_backoff_multiplier, stuck_after_ms, revision, created_at, updated_at
+  retry_backoff_multiplier, retry_bound_min_ms, retry_bound_max_ms, retry_bound_multiplier_max,
+  stuck_after_ms, revision, created_at, updated_at
 FROM pulse_queues
 WHERE namespace_id = %(namespace_id)s AND name = %(name)s
 
 -- name: queue_get_by_name_for_update
 SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
   lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
-  retry_backoff_multiplier, stuck_after_ms, revision, created_at, updated_at
+  retry_backoff_multiplier, retry_bound_min_ms, retry_bound_max_ms, retry_bound_multiplier_max,
+  stuck_after_ms, revision, created_at, updated_at
 FROM pulse_queues
 WHERE namespace_id = %(namespace_id)s AND name = %(name)s
 FOR UPDATE
@@ -21,7 +23,8 @@ FOR UPDATE
 -- name: queue_get
 SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
   lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
-  retry_backoff_multiplier, stuck_after_ms, revision, created_at, updated_at
+  retry_backoff_multiplier, retry_bound_min_ms, retry_bound_max_ms, retry_bound_multiplier_max,
+  stuck_after_ms, revision, created_at, updated_at
 FROM pulse_queues
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 
@@ -29,11 +32,13 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 INSERT INTO pulse_queues
   (namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
    lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
-   retry_backoff_multiplier, stuck_after_ms, revision, created_at, updated_at)
+   retry_backoff_multiplier, retry_bound_min_ms, retry_bound_max_ms, retry_bound_multiplier_max,
+   stuck_after_ms, revision, created_at, updated_at)
 VALUES
   (%(namespace_id)s, %(id)s, %(name)s, %(max_unfinished_tasks)s, %(max_concurrency)s,
    %(max_starts_per_second)s, %(lease_ms)s, %(retry_max_attempts)s,
    %(retry_backoff_initial_ms)s, %(retry_backoff_max_ms)s, %(retry_backoff_multiplier)s,
+   %(retry_bound_min_ms)s, %(retry_bound_max_ms)s, %(retry_bound_multiplier_max)s,
    %(stuck_after_ms)s, 1, %(now)s, %(now)s)
 
 -- name: queue_update_if_revision
@@ -48,6 +53,9 @@ SET max_unfinished_tasks = %(max_unfinished_tasks)s,
   retry_backoff_initial_ms = %(retry_backoff_initial_ms)s,
   retry_backoff_max_ms = %(retry_backoff_max_ms)s,
   retry_backoff_multiplier = %(retry_backoff_multiplier)s,
+  retry_bound_min_ms = %(retry_bound_min_ms)s,
+  retry_bound_max_ms = %(retry_bound_max_ms)s,
+  retry_bound_multiplier_max = %(retry_bound_multiplier_max)s,
   stuck_after_ms = %(stuck_after_ms)s,
   revision = revision + 1,
   updated_at = %(now)s
@@ -57,7 +65,8 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)
 -- Queues by name after the cursor position, with gate and usage (no per-state counts).
 SELECT q.namespace_id, q.id, q.name, q.max_unfinished_tasks, q.max_concurrency,
   q.max_starts_per_second, q.lease_ms, q.retry_max_attempts, q.retry_backoff_initial_ms,
-  q.retry_backoff_max_ms, q.retry_backoff_multiplier, q.stuck_after_ms, q.revision,
+  q.retry_backoff_max_ms, q.retry_backoff_multiplier, q.retry_bound_min_ms,
+  q.retry_bound_max_ms, q.retry_bound_multiplier_max, q.stuck_after_ms, q.revision,
   q.created_at, q.updated_at
 FROM pulse_queues q
 WHERE q.namespace_id = %(namespace_id)s AND q.name > %(after_name)s
@@ -224,7 +233,8 @@ UNION ALL
 -- the reader then sees no queue.
 SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
   lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
-  retry_backoff_multiplier, stuck_after_ms, revision, created_at, updated_at
+  retry_backoff_multiplier, retry_bound_min_ms, retry_bound_max_ms, retry_bound_multiplier_max,
+  stuck_after_ms, revision, created_at, updated_at
 FROM pulse_queues
 WHERE namespace_id = %(namespace_id)s AND name = %(name)s
 LOCK IN SHARE MODE

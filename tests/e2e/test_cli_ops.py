@@ -111,3 +111,20 @@ def test_retry_and_retry_all(t: CliTenant) -> None:
         assert t.api("GET", f"/tasks/{s['task_id']}").json()["state"] == "WAITING"
     none = t.orbit("tasks", "retry-all", "--note", "n", "--queue", "jobs")
     assert none.returncode == 0 and "0 finished tasks match" in none.stdout
+
+
+def test_task_retry_policy_and_queue_bounds(t: CliTenant) -> None:
+    q = loads(t.orbit("queues", "put", "bounded", "--min-delay-ms", "100", "--max-delay-ms",
+                      "60000", "--max-multiplier", "3", "--json"))  # fmt: skip
+    assert q["retry_bounds"] == {"min_delay_ms": 100, "max_delay_ms": 60000, "max_multiplier": 3.0}
+    kept = loads(t.orbit("queues", "set", "bounded", "--lease-ms", "20000", "--json"))
+    assert kept["retry_bounds"]["max_delay_ms"] == 60000 and kept["lease_ms"] == 20000
+    task = loads(t.orbit("tasks", "submit", "bounded", "k", "--backoff-initial-ms", "250",
+                         "--backoff-multiplier", "1.5", "--json"))  # fmt: skip
+    assert task["retry"]["backoff_initial_ms"] == 250 and task["retry"]["backoff_multiplier"] == 1.5
+    bad = t.orbit("tasks", "submit", "bounded", "k", "--backoff-initial-ms", "5")
+    assert bad.returncode == 1 and "retry.backoff_initial_ms" in bad.stderr
+    cleared = loads(t.orbit("queues", "set", "bounded", "--min-delay-ms", "none", "--json"))
+    assert cleared["retry_bounds"]["min_delay_ms"] is None
+    assert loads(t.orbit("tasks", "submit", "bounded", "k", "--backoff-initial-ms", "5",
+                         "--json"))["retry"]["backoff_initial_ms"] == 5  # fmt: skip

@@ -21,10 +21,13 @@ from orbit_sdk import (
     Overlap,
     PreconditionFailed,
     RetryAllResult,
+    RetryBounds,
     ScheduleTaskSpec,
     SubscriptionFilter,
     SyncOrbitClient,
     TaskContext,
+    TaskRetry,
+    TaskSpec,
     Trigger,
     Worker,
     WorkerSession,
@@ -190,4 +193,25 @@ async def test_retry_and_retry_all(env: Env) -> None:
     with pytest.raises(InvalidRequest):
         await orbit.tasks.retry_all(note="n", finished_after=datetime(2030, 1, 1),
                                     finished_before=datetime(2020, 1, 1))  # fmt: skip
+
+
+async def test_task_retry_policy(env: Env) -> None:
+    orbit = env.orbit
+    queue = unique("q")
+    made = await orbit.queues.put(
+        queue, retry_bounds=RetryBounds(min_delay_ms=100, max_delay_ms=60_000, max_multiplier=3)
+    )
+    assert made.retry_bounds == RetryBounds(min_delay_ms=100, max_delay_ms=60_000, max_multiplier=3.0)
+    task = await orbit.tasks.submit(queue, "k", retry=TaskRetry(backoff_initial_ms=250))
+    assert task.retry is not None and task.retry.backoff_initial_ms == 250
+    assert task.retry.backoff_max_ms == 300_000  # the queue's default
+    same = await orbit.tasks.submit(queue, "k", retry={"backoff_multiplier": 2.5})
+    assert same.retry is not None and same.retry.backoff_multiplier == 2.5
+    with pytest.raises(InvalidRequest) as bad:
+        await orbit.tasks.submit(queue, "k", retry=TaskRetry(backoff_max_ms=90_000))
+    assert bad.value.field == "retry.backoff_max_ms"
+    [item] = await orbit.tasks.submit_batch(
+        [TaskSpec(queue=queue, kind="k", retry=TaskRetry(backoff_multiplier=9))]
+    )
+    assert item.status == 400
 

@@ -11,7 +11,7 @@ from msgspec import UNSET, UnsetType
 
 from ._http import HttpTransport, seg
 from ._tasks import decode_items
-from .types import Page, Queue, QueueConfig, RetryPolicy
+from .types import Page, Queue, QueueConfig, RetryBounds, RetryPolicy
 
 __all__ = ["QueuesAPI"]
 
@@ -42,6 +42,7 @@ class QueuesAPI:
         max_starts_per_second: float | UnsetType | None = UNSET,
         lease_ms: int | UnsetType = UNSET,
         retry: RetryPolicy | UnsetType = UNSET,
+        retry_bounds: RetryBounds | UnsetType = UNSET,
         stuck_after_ms: int | UnsetType | None = UNSET,
         if_match: str | None = None,
         create_only: bool = False,
@@ -52,6 +53,7 @@ class QueuesAPI:
         a concurrent change raises :class:`~orbit_sdk.errors.PreconditionFailed`.
         ``create_only`` sends ``If-None-Match: *`` (an existing queue → PreconditionFailed).
         Unset fields are not sent. ``None`` means unlimited where the server allows it.
+        ``retry_bounds`` limits what a task's own retry policy may ask for.
         """
         config = QueueConfig(
             max_unfinished_tasks=max_unfinished_tasks,
@@ -59,6 +61,7 @@ class QueuesAPI:
             max_starts_per_second=max_starts_per_second,
             lease_ms=lease_ms,
             retry=retry,
+            retry_bounds=retry_bounds,
             stuck_after_ms=stuck_after_ms,
         )
         headers: dict[str, str] = {}

@@ -23,6 +23,7 @@ from .types import (
     Page,
     RetryAllResult,
     Task,
+    TaskRetry,
     TaskSpec,
 )
 
@@ -72,11 +73,14 @@ class TasksAPI:
         max_attempts: int | None = None,
         retry_safe: bool | None = None,
         concurrency_key: str | None = None,
+        retry: TaskRetry | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
         """Submit one task. Returns the new task, or the existing one with
         ``deduplicated=True`` when ``(kind, pipeline_version, dedup_key)`` already exists
-        for this owner. Pass ``msgspec.Raw(b"...")`` as ``payload`` to send exact bytes."""
+        for this owner. Pass ``msgspec.Raw(b"...")`` as ``payload`` to send exact bytes.
+        ``retry`` (a :class:`~orbit_sdk.TaskRetry` or a mapping with its keys) gives the task
+        its own backoff, within the queue's ``retry_bounds``."""
         spec = TaskSpec(queue=queue, kind=kind, payload=payload)
         for name, value in (
             ("pipeline_version", pipeline_version),
@@ -88,6 +92,7 @@ class TasksAPI:
             ("max_attempts", max_attempts),
             ("retry_safe", retry_safe),
             ("concurrency_key", concurrency_key),
+            ("retry", msgspec.convert(retry, TaskRetry) if isinstance(retry, Mapping) else retry),
         ):
             if value is not None:
                 setattr(spec, name, value)

@@ -30,8 +30,10 @@ __all__ = [
     "Queue",
     "QueueConfig",
     "RetryAllResult",
+    "RetryBounds",
     "RetryPolicy",
     "Task",
+    "TaskRetry",
     "TaskSpec",
     "TaskState",
 ]
@@ -81,6 +83,8 @@ class Task(msgspec.Struct, kw_only=True):
     max_attempts: int | None = None
     retry_safe: bool = False
     concurrency_key: str | None = None
+    retry: TaskRetry | None = None
+    """The backoff policy frozen into the task at submit (its own, else its queue's)."""
     effect_uncertain: bool = False
     created_at: datetime | None = None
     available_at: datetime | None = None
@@ -111,6 +115,17 @@ class Task(msgspec.Struct, kw_only=True):
         return self.state in ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
+class TaskRetry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A task's own backoff (``retry`` of a submit): the fields given replace the queue's
+    default for this task, within the queue's :class:`RetryBounds` (a value outside them
+    raises :class:`~orbit_sdk.errors.InvalidRequest` naming the field). Also the frozen
+    policy on a :class:`Task`."""
+
+    backoff_initial_ms: int | None = None
+    backoff_max_ms: int | None = None
+    backoff_multiplier: float | None = None
+
+
 class TaskSpec(msgspec.Struct, kw_only=True):
     """A task to submit (the body of ``POST .../tasks``; one item of a batch).
 
@@ -130,6 +145,7 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     max_attempts: int | UnsetType = UNSET
     retry_safe: bool | UnsetType = UNSET
     concurrency_key: str | UnsetType = UNSET
+    retry: TaskRetry | UnsetType = UNSET
 
 
 class BatchItem(msgspec.Struct, kw_only=True):
@@ -221,6 +237,16 @@ class RetryPolicy(msgspec.Struct, kw_only=True, omit_defaults=True):
     backoff_multiplier: float | None = None
 
 
+class RetryBounds(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a task's own retry policy may ask for in a queue: delays within
+    ``[min_delay_ms, max_delay_ms]``, a multiplier at most ``max_multiplier`` (None: no
+    bound of that kind)."""
+
+    min_delay_ms: int | None = None
+    max_delay_ms: int | None = None
+    max_multiplier: float | None = None
+
+
 class QueueConfig(msgspec.Struct, kw_only=True):
     """Body of ``PUT .../queues/{queue}``; unset fields are left out of the request."""
 
@@ -229,6 +255,7 @@ class QueueConfig(msgspec.Struct, kw_only=True):
     max_starts_per_second: float | UnsetType | None = UNSET
     lease_ms: int | UnsetType = UNSET
     retry: RetryPolicy | UnsetType = UNSET
+    retry_bounds: RetryBounds | UnsetType = UNSET
     stuck_after_ms: int | UnsetType | None = UNSET
 
 
@@ -243,6 +270,7 @@ class Queue(msgspec.Struct, kw_only=True):
     max_starts_per_second: float | None = None
     lease_ms: int | None = None
     retry: RetryPolicy | None = None
+    retry_bounds: RetryBounds | None = None
     stuck_after_ms: int | None = None
     paused: bool = False
     namespace_paused: bool = False
