@@ -1,5 +1,6 @@
 """``GET /v1/namespaces/{ns}/audit`` (docs/api/admin.md "Audit events"): the namespace's
-audit events, newest first, for a key with ``admin``. Filters ``outcome``, ``action``,
+audit events, newest first, for a key with ``admin`` that is not limited to some queues
+(403 otherwise: the trail covers every queue). Filters ``outcome``, ``action``,
 ``since``, ``until``; cursor-paged. The rules live in :func:`orbit.audit.list_audit`."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from orbit import audit
+from orbit.errors import Forbidden
 from orbit.http.auth import authorize
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
@@ -33,6 +35,8 @@ ADMIN = Action.ADMIN.value
 async def list_audit(request: Request) -> Response:
     principal = await authorize(request, ADMIN, request.path_params["ns"])
     assert principal.namespace_id is not None
+    if principal.queues is not None:  # the trail covers every queue of the namespace
+        raise Forbidden("the audit trail needs a key that is not limited to some queues")
     q = request.query_params
     page = await audit.list_audit(
         request.app.state.ctx.db,

@@ -1,6 +1,7 @@
 """``DELETE /v1/namespaces/{ns}/subscriptions/{name}`` (docs/api/subscriptions.md "Delete"):
-``subscriptions.manage``; 204; ``If-Match`` makes it conditional. The rules live in
-:func:`orbit.subscriptions.delete_subscription`."""
+``subscriptions.manage``; 204; ``If-Match`` makes it conditional. A key limited to some
+queues deletes only subscriptions it can see (their filter names only its queues; else
+404). The rules live in :func:`orbit.subscriptions.delete_subscription`."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ async def delete_subscription(request: Request) -> Response:
         principal.namespace_id,
         name,
         precondition=preconditions(request).check,
+        allowed_queues=principal.queues,
         request_id=request_id(request),
     )
     return Response(status_code=204)

@@ -410,3 +410,31 @@ async def test_audit_list_filters_and_pages(
         assert r.status_code == 400 and r.json()["error"]["details"]["field"] == field
     assert (await client.get(url, headers=bearer(reader))).status_code == 403
     await same_404(client, "GET", url, stranger)
+
+
+async def test_queue_limited_keys_on_the_operator_routes(
+    client: httpx.AsyncClient, tenant: Any, db: Database
+) -> None:
+    t = await tenant()
+    await t.add_queue("mine")
+    _, limited = await add_key(
+        db, ptenant(t), ["admin", "subscriptions.manage", "workflows.manage"], queues=["mine"]
+    )
+    h = bearer(limited)
+    # the audit trail covers every queue: an unlimited key only
+    r = await client.get(f"{ns(t)}/audit", headers=h)
+    assert r.status_code == 403
+    # a subscription the key cannot see (no queue filter) is the same 404 as an absent one
+    wide = f"{ns(t)}/subscriptions/wide"
+    assert (await client.put(wide, json={"filter": {}}, headers=t.auth)).status_code == 201
+    assert (await client.delete(wide, headers=h)).status_code == 404
+    narrow = f"{ns(t)}/subscriptions/narrow"
+    r = await client.put(narrow, json={"filter": {"queues": ["mine"]}}, headers=t.auth)
+    assert r.status_code == 201
+    assert (await client.delete(narrow, headers=h)).status_code == 204
+    # workflows may use any queue: a limited key deletes none
+    doc = {"steps": [{"id": "done", "type": "succeed", "output": {}}]}
+    url = f"{ns(t)}/workflows/flow"
+    assert (await client.post(f"{url}/versions", json={"definition": doc}, headers=t.auth)).status_code == 201
+    assert (await client.delete(url, headers=h)).status_code == 403
+    assert (await client.delete(url, headers=t.auth)).status_code == 204

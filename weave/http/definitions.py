@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from orbit.context import AppContext
-from orbit.errors import NotFound
+from orbit.errors import Forbidden, NotFound
 from orbit.http.auditing import audit_intent, request_id
 from orbit.http.auth import Principal, authorize
 from orbit.http.body import decode_body
@@ -129,6 +129,8 @@ async def delete_workflow(request: Request) -> Response:
     name = check_name(request.path_params["name"], "name")
     ns_id = _namespace(principal)
     audit_intent(request, definitions.DELETE, "workflow", name, ns_id)
+    if principal.queues is not None:  # a workflow's steps may use any queue
+        raise Forbidden("a key limited to some queues may not delete workflows")
     await definitions.delete_definition(
         _ctx(request).db, principal.actor, ns_id, name, request_id=request_id(request)
     )
