@@ -6,7 +6,9 @@ frames (``offer``, ``cancel``) to callbacks. When the stream drops it reconnects
 backoff to the same session (never waiting longer than a heartbeat interval while that
 session may still be alive); when the server refuses the stream with 401/403/404 the
 session is gone, so it creates a new one at once. Any answer from the server resets the
-backoff.
+backoff. Given several base URLs, a node that cannot be reached or that drops the stream
+makes it try the next node at once, with the same session (any node serves it); the
+backoff applies only once every node of the round failed.
 
 Requests declare what happens to them if the connection drops before their reply
 (:class:`Resend`): reports and effects are re-sent byte-identical after the reconnect
@@ -32,6 +34,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI, WebSocketException
 
 from ._backoff import Backoff
+from ._endpoints import ws_url
 from ._http import HttpTransport, seg
 from .errors import (
     Forbidden,
@@ -172,6 +175,10 @@ class StreamConnection:
         self._closing = False
         self._stop = asyncio.Event()
         self._msg_ids = (f"{secrets.token_hex(4)}-{n}" for n in itertools.count(1))
+        #: Nodes (base URLs) not tried yet in the current round of failures.
+        self._untried = len(http.endpoints)
+        #: The last stream ended without a close frame (its node went away).
+        self._lost_abruptly = False
         self.stats = ConnectionStats()
 
     # ------------------------------------------------------------------ state
@@ -261,6 +268,8 @@ class StreamConnection:
                 delay: float | None = None
                 answered = False
                 fresh = self._session is None
+                node = self._http.base_url
+                node_failed = False
                 try:
                     if self._session is None:
                         await self._create_session()
@@ -282,6 +291,7 @@ class StreamConnection:
                     logger.warning("worker session: %s (%s)", exc.code, exc.message)
                 except (OSError, TimeoutError, WebSocketException) as exc:
                     answered = isinstance(exc, InvalidStatus)  # e.g. a 503 to the handshake
+                    node_failed = True
                     logger.warning("worker stream: %s: %s", type(exc).__name__, exc)
                 except Exception:
                     # A bug or an unexpected answer must not kill a long-running worker:
@@ -289,6 +299,8 @@ class StreamConnection:
                     logger.exception("worker connection failed unexpectedly")
                 if self._closing:
                     break
+                if (node_failed or self._lost_abruptly) and self._next_node(node):
+                    continue  # another node at once: the backoff waits for a whole round
                 if answered:
                     self._backoff.reset()
                 wait = min(self._backoff.next_delay(), self._session_bound())
@@ -304,6 +316,20 @@ class StreamConnection:
             self._ws = None
             self._connected.clear()
             self._fail_pending(lambda p: OrbitConnectionError("worker connection closed"))
+
+    def _next_node(self, failed: str) -> bool:
+        """The node ``failed`` could not be reached (or dropped the stream): move to the next
+        of several base URLs. True when that one has not been tried in this round yet (so
+        it is tried at once); False after a whole round (then the backoff applies)."""
+        self._lost_abruptly = False
+        endpoints = self._http.endpoints
+        if not endpoints.failed(failed):
+            return False
+        if self._untried > 1:
+            self._untried -= 1
+            return True
+        self._untried = len(endpoints)
+        return False
 
     def _session_bound(self) -> float:
         """The longest reconnect delay while the session may still be alive on the server:
@@ -387,11 +413,7 @@ class StreamConnection:
         self._on_session_lost(lost)
 
     def _stream_url(self, session: SessionCreated) -> str:
-        base = self._http.base_url
-        if base.startswith("https://"):
-            base = "wss://" + base[len("https://") :]
-        elif base.startswith("http://"):
-            base = "ws://" + base[len("http://") :]
+        base = ws_url(self._http.base_url)
         return f"{base}/v1/namespaces/{seg(self._ns)}/workers/sessions/{seg(session.session_id)}/stream"
 
     async def _serve_stream(self) -> None:
@@ -419,6 +441,7 @@ class StreamConnection:
         self._epoch += 1
         self._last_contact = _now()
         self.stats.connects += 1
+        self._untried = len(self._http.endpoints)
         self._connected.set()
         logger.info("worker stream open (session %s)", session.session_id)
         try:
@@ -438,6 +461,8 @@ class StreamConnection:
             elif exc.rcvd is not None and exc.rcvd.code == _CLOSE_SESSION_GONE:
                 raise _SessionGone from exc
             else:
+                # No close frame, or "going away" / "service restart": the node left.
+                self._lost_abruptly = exc.rcvd is None or exc.rcvd.code in (1001, 1012)
                 logger.warning("worker stream lost: %s", exc)
         finally:
             self._ws = None

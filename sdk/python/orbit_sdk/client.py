@@ -14,6 +14,7 @@ Calls are grouped: ``orbit.tasks``, ``orbit.queues``, ``orbit.schedules``, ``orb
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from types import TracebackType
 
 import httpx
@@ -38,11 +39,17 @@ class OrbitClient:
     Errors are raised as :mod:`orbit_sdk.errors` classes mapped from the server's ``code``.
     Nothing is retried automatically; pass ``idempotency_key`` to creating calls to make a
     retry safe. The API key is only ever sent in the Authorization header.
+
+    ``base_url`` may name several nodes of one deployment (a list, or one string with
+    commas, also in ``ORBIT_URL``): a call that meets a failed node goes to the next one at
+    once when that cannot apply it twice — the connection could not be opened, the node
+    answered 503, or the call is idempotent (reads, PUTs, deletes, calls given an
+    ``idempotency_key``).
     """
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         api_key: str | None = None,
         *,
         namespace: str | None = None,

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -41,6 +41,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from ._backoff import Backoff
 from ._connection import _ws_logger
+from ._endpoints import Endpoints, ws_url
 from ._http import HttpTransport, seg
 from ._version import USER_AGENT
 from .errors import (
@@ -196,23 +197,21 @@ class SubscriberStats:
 
 
 def _ws_url(base: str, namespace: str, subscription: str) -> str:
-    if base.startswith("https://"):
-        base = "wss://" + base[len("https://") :]
-    elif base.startswith("http://"):
-        base = "ws://" + base[len("http://") :]
-    return f"{base}/v1/namespaces/{seg(namespace)}/subscriptions/{seg(subscription)}/stream"
+    return f"{ws_url(base)}/v1/namespaces/{seg(namespace)}/subscriptions/{seg(subscription)}/stream"
 
 
 class Subscriber(_Settler):
     """Async iterator over the deliveries of one subscription, over a WebSocket.
 
-    ``url`` is the server's base URL (``http://host:8080``); ``key`` an API key with
-    ``subscriptions.consume`` on ``namespace``.
+    ``url`` is the server's base URL (``http://host:8080``), or several nodes' (a list, or
+    one string with commas): when the node in use cannot be reached or drops the stream, the
+    next one is tried at once, and the backoff applies only after a whole round failed.
+    ``key`` is an API key with ``subscriptions.consume`` on ``namespace``.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         key: str,
         namespace: str,
         subscription: str,
@@ -221,14 +220,16 @@ class Subscriber(_Settler):
         open_timeout: float = 10.0,
         http: httpx.AsyncClient | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.endpoints = Endpoints(url)
         self.namespace = namespace
         self.subscription = subscription
         self.stats = SubscriberStats()
         self._key = key
         self._backoff = backoff or Backoff(initial=0.1, maximum=10.0)
         self._open_timeout = open_timeout
-        self._http = HttpTransport(self.url, key, http=http)
+        self._http = HttpTransport(self.endpoints, key, http=http)
+        self._untried = len(self.endpoints)
+        self._node_left = False
         self._buffer: asyncio.Queue[Delivery | BaseException] = asyncio.Queue()
         self._ws: ClientConnection | None = None
         self._epoch = 0
@@ -238,6 +239,11 @@ class Subscriber(_Settler):
 
     def __repr__(self) -> str:
         return f"Subscriber({self.url!r}, namespace={self.namespace!r}, subscription={self.subscription!r})"
+
+    @property
+    def url(self) -> str:
+        """The base URL in use (of several, the node that last worked)."""
+        return self.endpoints.current
 
     # -- lifecycle
 
@@ -289,19 +295,34 @@ class Subscriber(_Settler):
     # -- connection
 
     async def _run(self) -> None:
-        url = _ws_url(self.url, self.namespace, self.subscription)
         while not self._closed:
+            node = self.url
+            failed = False
             try:
-                await self._serve(url)
+                await self._serve(_ws_url(node, self.namespace, self.subscription))
             except OrbitError as exc:  # refused for good: end the iteration with it
                 logger.error("subscription stream refused: %s", exc.code)
                 self._buffer.put_nowait(exc)
                 return
             except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
                 logger.warning("subscription stream unavailable: %s", type(exc).__name__)
+                failed = True
             if self._closed:
                 return
+            if (failed or self._node_left) and self._next_node(node):
+                continue  # another node at once: the backoff waits for a whole round
             await asyncio.sleep(self._backoff.next_delay())
+
+    def _next_node(self, failed: str) -> bool:
+        """Move to the next of several base URLs; True when it is untried in this round."""
+        self._node_left = False
+        if not self.endpoints.failed(failed):
+            return False
+        if self._untried > 1:
+            self._untried -= 1
+            return True
+        self._untried = len(self.endpoints)
+        return False
 
     async def _serve(self, url: str) -> None:
         try:
@@ -324,6 +345,7 @@ class Subscriber(_Settler):
         self._epoch += 1
         self._ws = ws
         self.stats.connects += 1
+        self._untried = len(self.endpoints)
         logger.info("subscription stream open (%s/%s)", self.namespace, self.subscription)
         try:
             first = True
@@ -342,6 +364,8 @@ class Subscriber(_Settler):
         rcvd = ws.close_code
         if rcvd in _FATAL_CLOSE:
             raise _FATAL_CLOSE[rcvd](ws.close_reason or "refused", status=rcvd - 4000)
+        # No close frame, or "going away" / "service restart": the node left.
+        self._node_left = rcvd in (None, 1001, 1006, 1012)
         logger.warning("subscription stream closed (code %s); reconnecting", rcvd)
 
     def _drop_buffered(self) -> None:
@@ -471,7 +495,7 @@ class SyncSubscriber:
     their lease expires). Iteration stops after :meth:`close` or a refused key (raised).
     """
 
-    url: str
+    url: str | Sequence[str]
     key: str = field(repr=False)
     namespace: str
     subscription: str
@@ -481,26 +505,43 @@ class SyncSubscriber:
     backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.2, maximum=10.0))
     _client: httpx.Client | None = field(default=None, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
+    endpoints: Endpoints = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.endpoints = Endpoints(self.url)
 
     def _http(self) -> httpx.Client:
         if self._client is None:
             self._client = httpx.Client(
-                base_url=self.url.rstrip("/"),
                 timeout=self.timeout,
                 headers={"Authorization": f"Bearer {self.key}", "User-Agent": USER_AGENT},
             )
         return self._client
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        try:
-            response = self._http().post(
-                path, content=_ENCODER.encode(body), headers={"Content-Type": "application/json"}
-            )
-        except httpx.TransportError as exc:
-            raise OrbitConnectionError(f"POST {path}: {type(exc).__name__}") from exc
-        if response.status_code >= 400:
-            raise error_from_response(response.status_code, response.content, response.headers)
-        return response
+        """POST to the node in use; a node that cannot be reached (or answers 503) passes
+        the request to the next one at once (pull, ack and nack are safe to repeat: an
+        unacked lease simply comes back, an ack is idempotent)."""
+        content = _ENCODER.encode(body)
+        nodes = list(self.endpoints.round())
+        for i, base in enumerate(nodes):
+            more = i + 1 < len(nodes)
+            try:
+                response = self._http().post(
+                    base + path, content=content, headers={"Content-Type": "application/json"}
+                )
+            except httpx.TransportError as exc:
+                if more:
+                    self.endpoints.failed(base)
+                    continue
+                raise OrbitConnectionError(f"POST {path}: {type(exc).__name__}") from exc
+            if response.status_code == 503 and more:
+                self.endpoints.failed(base)
+                continue
+            if response.status_code >= 400:
+                raise error_from_response(response.status_code, response.content, response.headers)
+            return response
+        raise AssertionError("unreachable: the last node answers or raises")  # pragma: no cover
 
     def pull(self, max: int | None = None, wait_ms: int | None = None) -> list[SyncDelivery]:
         """One long-poll: up to ``max`` deliveries, waiting up to ``wait_ms`` for the first."""

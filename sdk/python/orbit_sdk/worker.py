@@ -24,7 +24,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -72,6 +72,10 @@ class Worker:
     """Registers handlers and runs them for offers of their ``(queue, kind)``.
 
     Parameters:
+        base_url: the server, or several nodes of one deployment (a list, or one string
+            with commas; default ``ORBIT_URL``). When the node in use cannot be reached or
+            drops the stream, the worker goes to the next node at once with the same session
+            (its running attempts go on); its backoff applies only after every node failed.
         max_concurrency: attempts held at once (the server never offers more).
         drain_timeout: seconds running handlers get to finish after a drain request
             (SIGTERM/SIGINT or :meth:`drain`) before they are cancelled and given back.
@@ -93,7 +97,7 @@ class Worker:
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         api_key: str | None = None,
         *,
         namespace: str | None = None,
