@@ -109,6 +109,9 @@ export function liveRegion(root, { load, render, label, onUnavailable }) {
       }
       throw e; // keep the last good data; the shell shows a refresh error
     }
+    // A form opened while this answer was on its way (data-hold): keep it; the next refresh
+    // after it closes renders the new data.
+    if (region.querySelector("[data-hold]")) return;
     const key = result && result.key !== undefined ? result.key : JSON.stringify(result);
     const stale = document.querySelector("#view > .refresh-error");
     if (stale) stale.remove();
