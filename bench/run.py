@@ -189,7 +189,12 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             if args.baseline_tree:
                 raw["s1_baseline"] = await step("S1 baseline", _s1_baseline(args, quick, log_dir,
                                                                             server_env))  # fmt: skip
-                out["baseline_commit"] = output.commit(Path(args.baseline_tree))
+                out["baseline_commit"] = output.commit(args.baseline_tree_path)
+                if out["baseline_commit"] and out["baseline_commit"] == out["commit"]:
+                    out["notes"].append(
+                        "The baseline tree is the same commit as the served tree: "
+                        "`s1_vs_baseline` is the run-to-run spread of S1, not a comparison."
+                    )
         if "S3" in want:
             raw["s3"] = await step("S3", s3(t, 4.0 if quick else 8.0))
         if "S5" in want:  # before S4: S4 leaves a 1M backlog behind
