@@ -1,15 +1,23 @@
 """Shared fixtures: one uniquely named, migrated database per test session, dropped after.
 
 The server is found through ``ORBIT_TEST_DSN`` (default ``mysql://root@127.0.0.1:3306/mysql``);
-the database part is replaced by ``orbit_test_<random>``.
+the database part is replaced by ``orbit_test_<run id>_<random>``.
+
+A test session leaves nothing behind (tests/leftovers.py): its databases carry the run id,
+its temporary files (``TMPDIR``, pytest's ``tmp_path``) live in one folder, and when the
+session ends — passed, failed or interrupted — the processes it started from there are
+stopped, its databases dropped and the folder removed.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import leftovers
 import pymysql
 import pytest
 
@@ -20,7 +28,40 @@ from orbit.storage import DSN, Database
 #: shardability guard (namespace_id predicate on runtime tables), see tests/sql_guard.py.
 pytest_plugins = ["pulse_fixtures", "sql_guard"]
 
-SERVER_DSN = DSN.parse(os.environ.get("ORBIT_TEST_DSN", "mysql://root@127.0.0.1:3306/mysql"))
+SERVER_DSN = DSN.parse(os.environ.get("ORBIT_TEST_DSN", leftovers.DEFAULT_TEST_DSN))
+
+#: This run's id (scripts/test sets it; a plain pytest makes one): part of every database name.
+RUN = os.environ.setdefault("ORBIT_TEST_RUN", secrets.token_hex(4))
+
+#: The session that owns the run's folder; a pytest started by a test (its environment
+#: inherited) neither makes nor removes one.
+_OWNER = "ORBIT_TEST_SESSION_PID"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Point every temporary file of the session into the run's folder (before pytest makes
+    its own ``tmp_path`` root)."""
+    if os.environ.get(_OWNER):
+        return
+    os.environ[_OWNER] = str(os.getpid())
+    folder = os.environ.get("ORBIT_TEST_TMP") or tempfile.mkdtemp(prefix="orbit-test-")
+    os.makedirs(folder, exist_ok=True)
+    os.environ["ORBIT_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = folder
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(folder, "pytest")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session is over (also after a failure or Ctrl-C): remove what the run left."""
+    if os.environ.get(_OWNER) != str(os.getpid()):
+        return
+    folder = Path(os.environ["ORBIT_TEST_TMP"])
+    tempfile.tempdir = None
+    try:
+        leftovers.clean(RUN, folder)
+    except pymysql.err.MySQLError as exc:  # the server is gone: scripts/test tries again
+        print(f"conftest: could not drop the databases of run {RUN}: {exc}")
 
 
 def _admin_conn() -> pymysql.connections.Connection:
@@ -29,7 +70,7 @@ def _admin_conn() -> pymysql.connections.Connection:
 
 def create_database(prefix: str = "orbit_test") -> DSN:
     """Create an empty database with a unique name; return its DSN."""
-    name = f"{prefix}_{secrets.token_hex(6)}"
+    name = leftovers.run_database_name(prefix, RUN, secrets.token_hex(6))
     conn = _admin_conn()
     try:
         with conn.cursor() as cur:

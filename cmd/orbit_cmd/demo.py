@@ -82,7 +82,10 @@ def _free_port() -> int:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether the server could listen on ``port`` now. SO_REUSEADDR as uvicorn binds: the
+    closed connections of a previous run (TIME_WAIT, about a minute) do not hold the port."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -1,7 +1,7 @@
 """``orbit-server``: the composition root. Builds the context, mounts every package's routes,
 starts every background loop, serves with uvicorn.
 
-    orbit-server [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
+    orbit-server [--version] [--host 127.0.0.1] [--port 8080] [--dsn DSN] [--dev] [--pool-size N]
                  [--pool-timeout S] [--tenant-pool-share F] [--db-driver aiomysql|asyncmy]
                  [--max-body-bytes N]
                  [--header-timeout S] [--http h11|httptools|auto]
@@ -54,6 +54,7 @@ from orbit.idempotency_cleanup import IdempotencyCleanup
 from orbit.settings import Settings
 from orbit.storage import DSN, Database
 from orbit.storage.drivers import load_driver
+from orbit.version import __version__
 
 log = logging.getLogger("orbit.server")
 
@@ -268,6 +269,7 @@ def lifespan(ctx: AppContext, loops: Sequence[Loop]) -> Callable[[Starlette], An
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="orbit-server", description="Serve the Orbit HTTP/WSS API.")
+    p.add_argument("--version", action="version", version=f"orbit-server {__version__}")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     p.add_argument(

@@ -223,9 +223,10 @@ async def test_demo_serves_a_schedule_a_workflow_tasks_and_a_review_case(demo: D
 async def test_console_shows_the_demo_schedule_and_workflow(demo: Demo) -> None:
     browser_path = _find_browser()
     if async_playwright is None:
-        pytest.skip("Playwright is not installed (pip install playwright)")
+        pytest.skip("Playwright is not installed: scripts/install dev")
     if browser_path is None:
-        pytest.skip("no Chromium found (apt-get install -y chromium, or set ORBIT_CHROMIUM)")
+        pytest.skip("no Chromium found: run scripts/test as root (it installs Debian's chromium), "
+                    "or sudo apt-get install chromium, or set ORBIT_CHROMIUM")
     live = await wait_live(demo)
     REPORTS.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import pytest
 from msgspec import inspect as mi
 from orbit_sdk import (
     AckResult,
@@ -35,9 +34,6 @@ from orbit_sdk import (
     _subscriptions,
     _workflows,
 )
-
-pytest.importorskip("weave.http", reason="the Weave server package has not landed yet")
-
 from sdk_server import (  # noqa: F401 - env_fixture, server_fixture: fixtures
     Env,
     env_fixture,

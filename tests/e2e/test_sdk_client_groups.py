@@ -29,9 +29,6 @@ from orbit_sdk import (
     Unauthenticated,
 )
 from platform_fixtures import add_key
-
-pytest.importorskip("weave.http", reason="the Weave server package has not landed yet")
-
 from sdk_server import (  # noqa: F401 - env_fixture, server_fixture: fixtures
     RAW_PAYLOAD,
     Env,

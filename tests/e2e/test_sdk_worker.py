@@ -20,9 +20,6 @@ from typing import Any
 import msgspec
 import pytest
 import uvicorn
-
-pytest.importorskip("pulse.http", reason="the Pulse server package has not landed yet")
-
 from orbit_sdk import (
     OrbitClient,
     PermanentError,

@@ -189,9 +189,10 @@ def bootstrap_cli(server: ConsoleServer, dsn: DSN) -> Tenant:
 async def browser() -> AsyncIterator[Browser]:
     path = find_browser()
     if async_playwright is None:
-        pytest.skip("Playwright is not installed (pip install playwright)")
+        pytest.skip("Playwright is not installed: scripts/install dev")
     if path is None:
-        pytest.skip("no Chromium found (apt-get install -y chromium, or set ORBIT_CHROMIUM)")
+        pytest.skip("no Chromium found: run scripts/test as root (it installs Debian's chromium), "
+                    "or sudo apt-get install chromium, or set ORBIT_CHROMIUM")
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=path, args=LAUNCH_ARGS)
         try:

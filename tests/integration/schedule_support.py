@@ -7,15 +7,14 @@ by a test (``check_at = NULL``) so a later test's clock never picks it up.
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
 import msgspec
-import pymysql
 import pytest
+from conftest import create_database, drop_database
 from platform_fixtures import raw_query
 from pulse_fixtures import Tenant, make_tenant
 
@@ -24,29 +23,15 @@ from orbit.storage import DSN, Database, Tx
 from pulse import schedules
 from pulse.schedules import SchedulePut
 
-#: The server of the test databases (as in tests/conftest.py).
-SERVER_DSN = DSN.parse(os.environ.get("ORBIT_TEST_DSN", "mysql://root@127.0.0.1:3306/mysql"))
-
-
-def _admin(sql: str) -> None:
-    conn = pymysql.connect(autocommit=True, **SERVER_DSN.connect_kwargs(with_database=False))
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-    finally:
-        conn.close()
-
 
 def isolated_dsn() -> Iterator[DSN]:
     """A fresh migrated database (dropped after)."""
-    db_name = f"orbit_test_sched_{secrets.token_hex(6)}"
-    _admin(f"CREATE DATABASE `{db_name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    dsn = SERVER_DSN.with_database(db_name)
+    dsn = create_database("orbit_test_sched")
     try:
         migrate.up(dsn)
         yield dsn
     finally:
-        _admin(f"DROP DATABASE IF EXISTS `{db_name}`")
+        drop_database(dsn)
 
 
 @pytest.fixture(scope="module", name="sched_dsn")

@@ -7,10 +7,9 @@ from datetime import UTC, datetime
 
 import msgspec
 import pytest
+from orbit_sdk import wire as sdk_wire
 
 from pulse import wire
-
-sdk_wire = pytest.importorskip("orbit_sdk.wire")
 
 AID = "a" * 32
 WHEN = "2026-11-29T21:30:00.123456Z"

@@ -169,5 +169,5 @@ def test_the_property_exercised_keyed_grants() -> None:
     """Runs after the property (file order): keyed starts were granted (at least by the
     explicit example: the harness really exercises keys with the current dispatcher)."""
     if not STATS:
-        pytest.skip("runs only together with the property above")
+        pytest.skip("runs only after the property above: run the whole file")
     assert STATS and max(STATS) >= 2, STATS

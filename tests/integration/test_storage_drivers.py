@@ -36,7 +36,7 @@ from orbit.storage.drivers import DRIVER_MODULES, available, driver_name
 DRIVERS = [
     pytest.param(
         name,
-        marks=pytest.mark.skipif(not available(name), reason=f"{name} is not installed"),
+        marks=pytest.mark.skipif(not available(name), reason=f"{name} is not installed: scripts/install dev"),
     )
     for name in DRIVER_MODULES
 ]

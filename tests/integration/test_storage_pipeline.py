@@ -22,7 +22,7 @@ from orbit.storage.drivers import DRIVER_MODULES, available
 DRIVERS = [
     pytest.param(
         name,
-        marks=pytest.mark.skipif(not available(name), reason=f"{name} is not installed"),
+        marks=pytest.mark.skipif(not available(name), reason=f"{name} is not installed: scripts/install dev"),
     )
     for name in DRIVER_MODULES
 ]

@@ -64,7 +64,7 @@ def _parse(ts: str) -> datetime:
     return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
-@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime is not installed (apt-get install faketime)")
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime is not installed: run scripts/test as root (it installs faketime), or sudo apt-get install faketime")
 @pytest.mark.parametrize("offset", ["+1h", "-1h", *(["+0"] if FULL else [])])
 def test_skewed_server_clock_does_not_move_leases(offset: str, dsn: DSN, log_dir: Path) -> None:
     assert LIBFAKETIME is not None

@@ -63,7 +63,7 @@ def slow_server(dsn: DSN, log_dir: Path) -> Iterator[OrbitServer]:
 def head_server(request: pytest.FixtureRequest, dsn: DSN, log_dir: Path) -> Iterator[OrbitServer]:
     """A server with the short head deadline, once per HTTP parser (``--http``)."""
     if request.param == "httptools":
-        pytest.importorskip("httptools")
+        pytest.importorskip("httptools", reason="httptools is not installed: scripts/install dev")
     s = OrbitServer(dsn, log_dir,
                     extra_args=["--header-timeout", str(HEADER_TIMEOUT_S), "--http", request.param])  # fmt: skip
     s.start()

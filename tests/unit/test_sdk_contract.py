@@ -15,7 +15,7 @@ import pytest
 from orbit_sdk import wire as sdk
 from test_sdk_wire import SERVER_FRAMES, WORKER_FRAMES
 
-server = pytest.importorskip("pulse.wire", reason="the Pulse server package has not landed yet")
+from pulse import wire as server
 
 
 def _json(obj: Any) -> Any:
