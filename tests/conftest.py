@@ -47,6 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[_OWNER] = str(os.getpid())
     folder = os.environ.get("ORBIT_TEST_TMP") or tempfile.mkdtemp(prefix="orbit-test-")
     os.makedirs(folder, exist_ok=True)
+    # Like /tmp itself (sticky, writable by all): servers the tests start under another
+    # account (mysql) keep their own temporary files in TMPDIR too.
+    os.chmod(folder, 0o1777)
     os.environ["ORBIT_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.tempdir = folder
     if config.option.basetemp is None:
         config.option.basetemp = os.path.join(folder, "pytest")
