@@ -270,8 +270,10 @@ def lifespan(ctx: AppContext, loops: Sequence[Loop]) -> Callable[[Starlette], An
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="orbit-server", description="Serve the Orbit HTTP/WSS API.")
     p.add_argument("--version", action="version", version=f"orbit-server {__version__}")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    p.add_argument("--host", default=os.environ.get("ORBIT_HOST", "127.0.0.1"),
+                   help="bind address (default $ORBIT_HOST, else 127.0.0.1)")  # fmt: skip
+    p.add_argument("--port", type=int, default=int(os.environ.get("ORBIT_PORT", "8080")),
+                   help="TCP port (default $ORBIT_PORT, else 8080)")  # fmt: skip
     p.add_argument(
         "--dsn", default=None, help="mysql://USER[:PASS]@HOST[:PORT]/DB (default $ORBIT_DSN)"
     )
