@@ -1,6 +1,9 @@
 """Deliveries: each delivery's lease, proof and attempt budget — the rules, and everything
-done under one delivery's row lock (docs/api/subscriptions.md). The pump and the
-hand-out, done under the subscription's row lock, are in :mod:`orbit.delivery_pump`.
+done under range and delivery row locks (docs/api/subscriptions.md). The hand-out, done
+under the subscription's row lock, is in :mod:`orbit.delivery_pump`; first-time deliveries
+live as slots of range rows (:mod:`orbit.delivery_ranges`) until an exception (nack,
+expiry, release, budget) materialises one as its own row, where this module's per-row
+machinery applies.
 
 State machine (drawn in docs/delivery-semantics.md)::
 
@@ -42,7 +45,8 @@ from typing import Any
 
 import msgspec
 
-from orbit import audit, idempotency
+from orbit import audit, delivery_slots, idempotency
+from orbit import delivery_ranges as dr
 from orbit.audit import Actor
 from orbit.errors import Conflict, InvalidRequest, NotFound, OrbitError
 from orbit.events import ResultEvent
@@ -50,7 +54,9 @@ from orbit.idempotency import IdemRequest, Reply
 from orbit.ids import digest_matches, id_hex
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
+from orbit.store import delivery_ranges as range_store
 from orbit.store.deliveries import DeliveryRow
+from orbit.store.delivery_ranges import RangeRow
 from orbit.times import format_opt, format_time
 
 log = logging.getLogger("orbit.deliveries")
@@ -206,11 +212,18 @@ def _check_proof(row: DeliveryRow, proof: str) -> None:
         raise StaleProof(delivery_id=id_hex(row.id))
 
 
-async def _locked(tx: Tx, namespace_id: bytes, delivery_id: bytes) -> DeliveryRow:
+async def _locked_row(
+    tx: Tx, namespace_id: bytes, delivery_id: bytes, *, proof: str | None
+) -> DeliveryRow:
+    """The delivery's ``orbit_deliveries`` row, locked. Raises NotFound when it has none —
+    or StaleProof when ``proof`` is given and the delivery lives in a range slot (a proof
+    that does not locate its slot is not its proof)."""
     row = await store.delivery_get(tx, namespace_id, delivery_id, for_update=True)
-    if row is None:
-        raise NotFound("delivery")
-    return row
+    if row is not None:
+        return row
+    if proof is not None and await delivery_slots.find_slot(tx, namespace_id, delivery_id):
+        raise StaleProof(delivery_id=id_hex(delivery_id))
+    raise NotFound("delivery")
 
 
 async def _reread(tx: Tx, row: DeliveryRow) -> DeliveryRow:
@@ -250,6 +263,8 @@ async def ack(
 #: Most acks applied in one round (:func:`ack_round`).
 ACK_BATCH = 1024
 
+_Key = tuple[bytes, bytes]
+
 
 async def ack_round(
     db: Database, items: Sequence[AckItem], *, now: datetime | None = None
@@ -259,30 +274,74 @@ async def ack_round(
     :class:`AckResult` or the error :func:`ack` would raise for it alone
     (:class:`StaleProof`, :class:`NotFound`).
 
-    Each item is judged alone, exactly as :func:`ack` judges it: its row locked (the round's
-    rows in one statement, (namespace, id) order), its proof checked against the stored
-    digest. Every applied ack is written by ONE multi-row UPDATE whose rows each keep their
-    own revision guard; its matched count must equal the rows. The same delivery twice in a
-    round: the first applies, the second replays. A failing statement fails the whole round
-    (nothing is acked), like any transaction.
+    A range proof locates its slot: the round locks those range rows by primary key (one
+    statement, (namespace, id) order), checks each slot's delivery id and proof digest and
+    sets its ack time; other proofs lock their ``orbit_deliveries`` row (one statement, after
+    the ranges: the lock order). All applied acks are written with ONE guarded multi-row
+    UPDATE per table, matched counts checked. Each item is judged alone, exactly as
+    :func:`ack` judges it; the same delivery twice in a round: the first applies, the second
+    replays. A failing statement fails the whole round (nothing is acked).
     """
     if not items:
         return []
+    located = [dr.parse_proof(i.proof) for i in items]
 
     async def run(tx: Tx) -> list[AckResult | OrbitError]:
-        keys = sorted({(i.namespace_id, i.delivery_id) for i in items})
-        locked, at = await tx.pipeline(  # the rows and the clock in one round trip
-            store.delivery_lock_keys(tx, keys), store.delivery_clock_now(tx, now)
+        range_keys = sorted(
+            {(i.namespace_id, loc[0]) for i, loc in zip(items, located, strict=True) if loc}
         )
+        row_keys = sorted({(i.namespace_id, i.delivery_id) for i, loc in zip(items, located, strict=True)
+                           if loc is None})  # fmt: skip
+        ranges, locked, at = await tx.pipeline(  # ranges, rows and the clock: one round trip
+            range_store.range_lock_keys(tx, range_keys),
+            store.delivery_lock_keys(tx, row_keys),
+            store.delivery_clock_now(tx, now),
+        )
+        edits = delivery_slots.Edits()
+        by_range = {(r.namespace_id, r.id): r for r in ranges}
+        verdicts: list[tuple[str, RangeRow | None, int]] = []
+        extra: set[_Key] = set()  # rows needed after all: moved slots, proofs of no slot
+        for item, loc in zip(items, located, strict=True):
+            rng = by_range.get((item.namespace_id, loc[0])) if loc else None
+            index = loc[1] if loc else 0
+            how = (
+                "row"
+                if loc is None
+                else delivery_slots.locate(
+                    rng, edits.slots(rng) if rng else None, index, item.delivery_id, item.proof
+                )
+            )
+            if how in ("moved", "other"):
+                extra.add((item.namespace_id, item.delivery_id))
+            verdicts.append((how, rng, index))
         rows = {(r.namespace_id, r.id): r for r in locked}
+        missing = sorted(extra - rows.keys())
+        if missing:
+            rows.update({(r.namespace_id, r.id): r for r in
+                         await store.delivery_lock_keys(tx, missing)})  # fmt: skip
         out: list[AckResult | OrbitError] = []
-        done: dict[tuple[bytes, bytes], DeliveryRow] = {}
+        done: dict[_Key, DeliveryRow] = {}
         writes: list[DeliveryRow] = []
-        for item in items:
+        for item, (how, rng, index) in zip(items, verdicts, strict=True):
             key = (item.namespace_id, item.delivery_id)
+            if how in ("open", "acked") and rng is not None:
+                slots = edits.slots(rng)
+                if slots.is_open(index):
+                    slots.ack(index, at)
+                    row = delivery_slots.slot_row(rng, slots, index)
+                    out.append(AckResult(outcome="applied", delivery=delivery_info(row)))
+                else:
+                    row = delivery_slots.slot_row(rng, slots, index)
+                    out.append(AckResult(outcome="replayed", delivery=delivery_info(row)))
+                continue
+            if how == "stale":
+                out.append(StaleProof(delivery_id=id_hex(item.delivery_id)))
+                continue
             row = done.get(key) or rows.get(key)
             if row is None:
-                out.append(NotFound("delivery"))
+                found = await delivery_slots.find_slot(tx, item.namespace_id, item.delivery_id)
+                out.append(StaleProof(delivery_id=id_hex(item.delivery_id)) if found
+                           else NotFound("delivery"))  # fmt: skip
             elif row.proof_digest is None or not digest_matches(item.proof, row.proof_digest):
                 out.append(StaleProof(delivery_id=id_hex(row.id)))
             elif row.state == DeliveryState.ACKED:
@@ -294,7 +353,12 @@ async def ack_round(
                     revision=row.revision + 1, updated_at=at,
                 )  # fmt: skip
                 out.append(AckResult(outcome="applied", delivery=delivery_info(acked)))
-        if writes and await store.deliveries_ack(tx, writes, now=at) != len(writes):
+        changed = [(r, s) for r, s in edits.ranges.values() if s.acked_us != r.slots().acked_us]
+        counts = await tx.pipeline(
+            range_store.range_update_many(tx, changed, now=at),
+            store.deliveries_ack(tx, writes, now=at),
+        )
+        if counts != [len(changed), len(writes)]:
             # The rows are locked by this transaction: only a bug gets here.
             raise Conflict("delivery changed concurrently", kind="cas")
         return out
@@ -313,6 +377,21 @@ async def ack_many(
     ``"applied"``, ``"replayed"`` or its error."""
     outcomes = await ack_round(db, [AckItem(namespace_id, d, p) for d, p in items], now=now)
     return [o if isinstance(o, OrbitError) else o.outcome for o in outcomes]
+
+
+async def _locate_for_update(
+    tx: Tx, namespace_id: bytes, delivery_id: bytes, proof: str
+) -> tuple[str, RangeRow | None, int, delivery_slots.Edits]:
+    """Lock the range a range proof points at and say how the proof relates to the slot
+    (:func:`orbit.delivery_slots.locate`; ``"row"`` for other proofs)."""
+    edits = delivery_slots.Edits()
+    loc = dr.parse_proof(proof)
+    if loc is None:
+        return "row", None, 0, edits
+    found = await range_store.range_lock_keys(tx, [(namespace_id, loc[0])])
+    rng = found[0] if found else None
+    how = delivery_slots.locate(rng, edits.slots(rng) if rng else None, loc[1], delivery_id, proof)
+    return how, rng, loc[1], edits
 
 
 async def nack(
@@ -336,7 +415,19 @@ async def nack(
         )
 
     async def run(tx: Tx) -> DeliveryInfo:
-        row = await _locked(tx, namespace_id, delivery_id)
+        how, rng, index, edits = await _locate_for_update(tx, namespace_id, delivery_id, proof)
+        if how == "stale":
+            raise StaleProof(delivery_id=id_hex(delivery_id))
+        if how == "acked":
+            raise Conflict("delivery is already acked", kind="delivery_acked")
+        if how == "open" and rng is not None:
+            at = now or await store.delivery_clock_now(tx)
+            delay = backoff_ms(1) if retry_after_ms is None else retry_after_ms
+            state, next_at = after_failure(1, rng.budget, at, delay)
+            row = edits.materialise(rng, index, state=state.value, next_at=next_at, now=at)
+            await delivery_slots.write(tx, edits, now=at)
+            return delivery_info(row)
+        row = await _locked_row(tx, namespace_id, delivery_id, proof=proof)
         _check_proof(row, proof)
         if row.state == DeliveryState.ACKED:
             raise Conflict("delivery is already acked", kind="delivery_acked")
@@ -365,15 +456,39 @@ async def release_many(
 
     ``held`` is (delivery id, proof) pairs; only deliveries still LEASED under that proof
     move (to PENDING, or EXHAUSTED when the budget is spent). Returns how many moved.
+    Open range slots are materialised (their ranges locked first, in key order); other
+    deliveries are moved on their rows.
     """
     pairs = list(held)
     if not pairs:
         return 0
+    located = [dr.parse_proof(p) for _, p in pairs]
 
     async def run(tx: Tx) -> int:
-        at = now or await store.delivery_clock_now(tx)
-        moved = 0
-        for delivery_id, proof in pairs:
+        keys = sorted({(namespace_id, loc[0]) for loc in located if loc})
+        ranges, at = await tx.pipeline(
+            range_store.range_lock_keys(tx, keys), store.delivery_clock_now(tx, now)
+        )
+        by_id = {r.id: r for r in ranges}
+        edits = delivery_slots.Edits()
+        rest: list[tuple[bytes, str]] = []
+        for (delivery_id, proof), loc in zip(pairs, located, strict=True):
+            rng = by_id.get(loc[0]) if loc else None
+            if loc is None:
+                rest.append((delivery_id, proof))
+                continue
+            how = delivery_slots.locate(
+                rng, edits.slots(rng) if rng else None, loc[1], delivery_id, proof
+            )
+            if how == "open" and rng is not None:
+                state, next_at = after_failure(1, rng.budget, at, 0)
+                edits.materialise(rng, loc[1], state=state.value, next_at=next_at, now=at)
+            elif how == "moved":
+                rest.append((delivery_id, proof))
+        moved = len(edits.rows)
+        if edits.ranges:
+            await delivery_slots.write(tx, edits, now=at)
+        for delivery_id, proof in rest:
             row = await store.delivery_get(tx, namespace_id, delivery_id, for_update=True)
             if row is None or row.state != DeliveryState.LEASED:
                 continue
@@ -457,7 +572,30 @@ async def _add_budget_locked(
     request_id: str | None,
     now: datetime | None,
 ) -> DeliveryInfo:
-    row = await _locked(tx, namespace_id, delivery_id)
+    row = await store.delivery_get(tx, namespace_id, delivery_id, for_update=True)
+    if row is None:
+        # A range slot: acked → answered unchanged; leased → materialised as a LEASED row
+        # (same id, proof digest and lease) that carries the larger budget from now on.
+        slot = await delivery_slots.find_slot(tx, namespace_id, delivery_id, for_update=True)
+        if slot is None:
+            row = await store.delivery_get(tx, namespace_id, delivery_id, for_update=True)
+            if row is None:
+                raise NotFound("delivery")
+        else:
+            rng, i = slot
+            edits = delivery_slots.Edits()
+            slots = edits.slots(rng)
+            if slots.is_acked(i):
+                return delivery_info(delivery_slots.slot_row(rng, slots, i))
+            at = now or await store.delivery_clock_now(tx)
+            moved = edits.materialise(
+                rng, i, state=DeliveryState.LEASED.value, next_at=rng.lease_expires_at,
+                lease_expires_at=rng.lease_expires_at, budget=rng.budget + add, now=at,
+            )  # fmt: skip
+            await delivery_slots.write(tx, edits, now=at)
+            await _audit_budget(tx, actor, namespace_id, delivery_id, add, moved.budget,
+                                False, request_id, now)  # fmt: skip
+            return delivery_info(moved)
     if row.state == DeliveryState.ACKED:
         return delivery_info(row)
     at = now or await store.delivery_clock_now(tx)
@@ -472,29 +610,58 @@ async def _add_budget_locked(
     )
     if not ok:
         raise Conflict("delivery changed concurrently", kind="cas")
-    if actor is not None:
-        await audit.record(
-            tx,
-            actor=actor,
-            action=BUDGET_ACTION,
-            resource_kind="delivery",
-            resource_id=delivery_id,
-            namespace_id=namespace_id,
-            request_id=request_id,
-            details={"add": add, "budget": row.budget + add, "revived": revive},
-            now=now,
-        )
+    await _audit_budget(tx, actor, namespace_id, delivery_id, add, row.budget + add, revive,
+                        request_id, now)  # fmt: skip
     return delivery_info(await _reread(tx, row))
 
 
+async def _audit_budget(
+    tx: Tx,
+    actor: Actor | None,
+    namespace_id: bytes,
+    delivery_id: bytes,
+    add: int,
+    budget: int,
+    revived: bool,
+    request_id: str | None,
+    now: datetime | None,
+) -> None:
+    if actor is None:
+        return
+    await audit.record(
+        tx,
+        actor=actor,
+        action=BUDGET_ACTION,
+        resource_kind="delivery",
+        resource_id=delivery_id,
+        namespace_id=namespace_id,
+        request_id=request_id,
+        details={"add": add, "budget": budget, "revived": revived},
+        now=now,
+    )
+
+
 async def get_delivery(db: Database, namespace_id: bytes, delivery_id: bytes) -> DeliveryRow:
+    """A delivery as a row: its ``orbit_deliveries`` row, or its range slot's view."""
+
     async def run(tx: Tx) -> DeliveryRow | None:
-        return await store.delivery_get(tx, namespace_id, delivery_id)
+        row = await store.delivery_get(tx, namespace_id, delivery_id)
+        if row is not None:
+            return row
+        slot = await delivery_slots.find_slot(tx, namespace_id, delivery_id)
+        if slot is None:
+            return await store.delivery_get(tx, namespace_id, delivery_id)
+        rng, i = slot
+        return delivery_slots.slot_row(rng, rng.slots(), i)
 
     row = await db.read(run)
     if row is None:
         raise NotFound("delivery")
     return row
+
+
+#: Slots outside the moved ones are LEASED or ACKED: other states live on rows only.
+_SLOT_STATES = (DeliveryState.LEASED.value, DeliveryState.ACKED.value)
 
 
 async def list_history(
@@ -506,15 +673,60 @@ async def list_history(
     after_seq: int,
     limit: int,
 ) -> list[DeliveryRow]:
-    """Deliveries of a subscription in sequence order after ``after_seq``."""
+    """Deliveries of a subscription in sequence order after ``after_seq`` (optionally of one
+    state): its rows and the slots of its ranges (moved slots are rows), merged by seq."""
     if state is not None and state not in DeliveryState.__members__:
         raise InvalidRequest(
             f"state is one of {', '.join(DeliveryState.__members__)}", field="state"
         )
 
     async def run(tx: Tx) -> list[DeliveryRow]:
-        return await store.delivery_list_page(
+        rows = await store.delivery_list_page(
             tx, namespace_id, subscription_id, state=state, after_seq=after_seq, limit=limit
         )
+        if state is not None and state not in _SLOT_STATES:
+            return rows
+        slots = await _slot_page(tx, namespace_id, subscription_id, state, after_seq, limit)
+        merged = sorted([*rows, *slots], key=lambda r: r.seq)
+        return merged[:limit]
 
     return await db.read(run)
+
+
+async def _slot_page(
+    tx: Tx,
+    namespace_id: bytes,
+    subscription_id: bytes,
+    state: str | None,
+    after_seq: int,
+    limit: int,
+) -> list[DeliveryRow]:
+    """Up to ``limit`` slot views after ``after_seq`` in seq order (ranges read a few at a
+    time until enough slots are found; LEASED ones from the LEASED ranges only)."""
+    out: list[DeliveryRow] = []
+    if state == DeliveryState.LEASED.value:
+        pages = [await range_store.range_list_leased(tx, namespace_id, subscription_id, after_seq)]
+    else:
+        pages = None
+    cursor = after_seq
+    while len(out) < limit:
+        if pages is not None:
+            if not pages:
+                break
+            batch = pages.pop()
+        else:
+            batch = await range_store.range_list_page(tx, namespace_id, subscription_id,
+                                                      cursor, 8)  # fmt: skip
+        for rng in batch:
+            slots = rng.slots()
+            for i in range(len(slots)):
+                if slots.seqs[i] <= after_seq or slots.is_moved(i):
+                    continue
+                view = delivery_slots.slot_row(rng, slots, i)
+                if state is None or view.state == state:
+                    out.append(view)
+            cursor = max(cursor, rng.seq_hi)
+        if pages is None and len(batch) < 8:
+            break
+    out.sort(key=lambda r: r.seq)
+    return out[:limit]

@@ -1,14 +1,14 @@
-"""The delivery loop: pumps subscriptions that are behind their namespace's result stream and
-reclaims expired leases, on every node at once.
+"""The delivery loop: reclaims expired leases and wakes this node's consumers of
+subscriptions that have new result events, on every node at once.
 
-Safe on many nodes: each subscription is worked on under its row lock taken with
-``FOR UPDATE SKIP LOCKED``, so two nodes (or a node and a consumer's hand-out, which pumps
-and reclaims too) never work on one subscription at the same time, and never wait for each
-other; the unique key (namespace, subscription, seq) backs this up. Consumers do not depend
-on the loop for correctness — every hand-out pumps and reclaims first — the loop keeps
-backlog counts, EXHAUSTED states and metrics current for subscriptions nobody is consuming,
-and wakes this node's consumers (:class:`DeliveryHub`) when it created
-deliveries for them.
+Safe on many nodes: the reclaim works on a subscription under its row lock taken with
+``FOR UPDATE SKIP LOCKED``, so two nodes (or a node and a consumer's hand-out, which
+reclaims too) never work on one subscription at the same time, and never wait for each
+other. Consumers do not depend on the loop for correctness — every hand-out reclaims first
+and reads new events itself — the loop keeps EXHAUSTED states and metrics current for
+subscriptions nobody is consuming, and wakes this node's consumers (:class:`DeliveryHub`)
+when their subscription's cursor is behind its stream. Nothing is written ahead of a
+hand-out: a subscription's storage grows with what is in flight, not with its backlog.
 
 Start it from the composition root::
 
@@ -30,21 +30,21 @@ from datetime import datetime
 
 from orbit import deliveries, delivery_gauges, delivery_pump
 from orbit.deliveries import AckItem, AckResult
-from orbit.delivery_pump import PUMP_BATCH
-from orbit.errors import Conflict
 from orbit.metrics import Registry
 from orbit.rounds import NodeRound
-from orbit.storage import Database, DuplicateKey, Tx
+from orbit.storage import Database, Tx
 from orbit.store import deliveries as delivery_store
+from orbit.store import delivery_ranges as range_store
 from orbit.store import subscriptions as sub_store
 
 log = logging.getLogger("orbit.delivery_loop")
 
 HUB_KEY = "orbit.deliveries.hub"
 
+
 class DeliveryHub:
     """Wakes this process's consumers of a subscription when something may be due for them
-    (the local pump created deliveries, a delivery was nacked, released or given budget).
+    (new result events after its cursor, a delivery was nacked, released or given budget).
 
     Only a hint: consumers also poll, so wake-ups from other nodes are not needed for
     correctness, only for latency.
@@ -130,7 +130,19 @@ def _install_probe_metrics(registry: Registry, hub: DeliveryHub) -> None:
         "orbit_delivery_probes_total", "Hand-out probes (subscriptions) those statements carried"
     )
 
+    created = registry.counter(
+        "orbit_deliveries_created_total",
+        "First-time deliveries handed out by this node (one per matching result event and "
+        "subscription)",
+    )
+    redelivered = registry.counter(
+        "orbit_deliveries_redelivered_total",
+        "Deliveries handed out again by this node (after a nack, an expired lease or a release)",
+    )
+
     async def collect() -> None:
+        created.set_total(delivery_pump.STATS.created)
+        redelivered.set_total(delivery_pump.STATS.redelivered)
         probes = hub._probes
         if probes is not None:
             statements.set_total(probes.statements)
@@ -143,13 +155,11 @@ def _install_probe_metrics(registry: Registry, hub: DeliveryHub) -> None:
 class LoopRound:
     """What one :meth:`DeliveryLoop.run_once` did."""
 
-    pumped: int = 0  # pump transactions that scanned events
-    scanned: int = 0  # events scanned
-    created: int = 0  # deliveries created
+    behind: int = 0  # subscriptions with new events whose consumers were woken
     redelivered: int = 0  # expired leases put back to PENDING
     exhausted: int = 0  # expired leases that spent their budget
     skipped: int = 0  # subscriptions locked elsewhere (another node or a consumer)
-    errors: int = 0  # pump or sweep transactions that failed (logged, retried next round)
+    errors: int = 0  # sweep transactions that failed (logged, retried next round)
 
 
 class DeliveryLoop:
@@ -178,67 +188,43 @@ class DeliveryLoop:
         self._sweep_after: tuple[bytes, bytes] | None = None
         self._metrics = metrics
         if metrics is not None:
-            self._created = metrics.counter(
-                "orbit_deliveries_created_total", "Deliveries created by the pump"
-            )
             self._redelivered = metrics.counter(
                 "orbit_deliveries_lease_expired_total",
                 "Expired delivery leases reclaimed, by outcome",
                 ("outcome",),
             )
             self._errors = metrics.counter(
-                "orbit_delivery_loop_errors_total", "Failed pump or sweep transactions", ("stage",)
+                "orbit_delivery_loop_errors_total", "Failed sweep transactions", ("stage",)
             )
             install_metrics(metrics, db)
             if hub is not None:
                 _install_probe_metrics(metrics, hub)
 
     async def run_once(self, *, now: datetime | None = None) -> LoopRound:
-        """One round: pump every subscription that is behind (bounded), then — at most every
+        """One round: wake consumers of subscriptions that are behind (bounded), then — at most every
         ``sweep_interval_s`` — sweep a page of subscriptions for expired leases (continuing
         from the last page next time)."""
         rnd = LoopRound()
-        await self._pump_round(rnd, now)
+        await self._wake_round(rnd)
         await self._sweep_round(rnd, now)
         if self._metrics is not None:
-            self._created.inc(rnd.created)
             self._redelivered.inc(rnd.redelivered, outcome="redelivered")
             self._redelivered.inc(rnd.exhausted, outcome="exhausted")
         return rnd
 
-    async def _pump_round(self, rnd: LoopRound, now: datetime | None) -> None:
+    async def _wake_round(self, rnd: LoopRound) -> None:
+        """Wake this node's consumers of subscriptions whose cursor is behind their
+        namespace's result stream (new events to hand out). Nothing is written: the
+        hand-out reads the events itself."""
+        if self.hub is None or not self.hub.watching():
+            return
+
         async def behind(tx: Tx) -> list[sub_store.BehindRow]:
             return await sub_store.subscription_list_behind(tx, self.subscriptions_per_round)
 
         for b in await self.db.read(behind):
-            created = 0
-            for _ in range(self.batches_per_subscription):
-                try:
-                    res = await delivery_pump.pump_subscription(
-                        self.db, b.namespace_id, b.id, now=now, skip_locked=True
-                    )
-                except (DuplicateKey, Conflict) as exc:
-                    # Another pump raced past the lock (should not happen): nothing was
-                    # written, the next round starts from the committed position.
-                    log.error("pump conflict on a subscription: %s", exc)
-                    self._count_error(rnd, "pump")
-                    break
-                except Exception:
-                    log.exception("pump failed")
-                    self._count_error(rnd, "pump")
-                    break
-                if res is None:
-                    rnd.skipped += 1
-                    break
-                if res.scanned:
-                    rnd.pumped += 1
-                rnd.scanned += res.scanned
-                rnd.created += res.created
-                created += res.created
-                if res.scanned < PUMP_BATCH:
-                    break
-            if created and self.hub is not None:
-                self.hub.notify(b.namespace_id, b.id)
+            rnd.behind += 1
+            self.hub.notify(b.namespace_id, b.id)
 
     async def _sweep_round(self, rnd: LoopRound, now: datetime | None) -> None:
         """Reclaim expired leases of a page of subscriptions (at most every
@@ -258,6 +244,7 @@ class DeliveryLoop:
                 k
                 for k in found
                 if await delivery_store.delivery_expired_exists(tx, k.namespace_id, k.id, now)
+                or await range_store.range_expired_exists(tx, k.namespace_id, k.id, now)
             ]
             full = len(found) == self.sweep_per_round
             return ((found[-1].namespace_id, found[-1].id) if full else None), expired

@@ -1,18 +1,25 @@
-"""The pump and the hand-out: everything done under a subscription's row lock.
+"""The hand-out: everything done under a subscription's row lock.
 
-* :func:`pump_locked` / :func:`pump_subscription` — turn result events after the scan
-  position into deliveries and advance the position, in one transaction.
-* :func:`reclaim_locked` / :func:`reclaim_subscription` — expired leases back to PENDING
-  (after backoff) or EXHAUSTED.
-* :func:`lease` — pump, reclaim, then hand out due deliveries within ``max_in_flight``, each
-  with a new one-time proof.
+* :func:`hand_out_locked` — first the due exceptions (``orbit_deliveries`` rows: nacked,
+  expired, released or revived deliveries, and rows from before delivery ranges), each under
+  a new one-time proof; then new result events after the subscription's cursor
+  (``after_seq``) that match its filter, as ONE range row (:mod:`orbit.delivery_ranges`),
+  and the cursor advanced — in one transaction. Nothing is written for events before they
+  are handed out, so a subscription's storage grows with what is in flight, not with its
+  backlog.
+* :func:`reclaim_locked` / :func:`reclaim_subscription` — expired leases: rows back to
+  PENDING (after backoff) or EXHAUSTED; open slots of expired ranges materialised the same
+  way.
+* :func:`lease` — reclaim, then hand out within ``max_in_flight``.
 
-Holding the subscription row (``FOR UPDATE``; the background loop uses ``SKIP LOCKED``) is
-what makes these safe on many nodes: one pump per subscription at a time, an exact count of
-leased deliveries for ``max_in_flight``. Ack, nack, release and budget
-(:mod:`orbit.deliveries`) lock only their delivery row, so the lock order is always
-subscription row → delivery rows, never the reverse. The rules (states, backoff, proofs)
-are in :mod:`orbit.deliveries`; docs/delivery-semantics.md explains the guarantees.
+Holding the subscription row (``FOR UPDATE``; the background sweep uses ``SKIP LOCKED``) is
+what makes these safe on many nodes: one hand-out per subscription at a time, an exact count
+of leased deliveries for ``max_in_flight`` (LEASED rows plus open slots of LEASED ranges).
+Ack, nack, release and budget (:mod:`orbit.deliveries`) lock only range and delivery rows,
+so the lock order is always subscription row → range rows → delivery rows, never the
+reverse; the reclaim locks with ``SKIP LOCKED`` so it never waits on an ack round. The rules
+(states, backoff, proofs) are in :mod:`orbit.deliveries`; docs/delivery-semantics.md
+explains the guarantees.
 """
 
 from __future__ import annotations
@@ -23,31 +30,40 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from orbit import delivery_ranges as dr
+from orbit import delivery_slots
 from orbit.deliveries import DeliveryState, Leased, after_failure, backoff_ms
 from orbit.errors import Conflict, NotFound
 from orbit.events import ResultEvent, read_result_events
 from orbit.ids import digest, id_hex, new_id, new_secret
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
+from orbit.store import delivery_ranges as range_store
 from orbit.store import subscriptions as sub_store
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.subscriptions import compile_filter
 
 log = logging.getLogger("orbit.deliveries")
 
-#: Result events read per pump transaction.
-PUMP_BATCH = 500
-#: Expired leases reclaimed per transaction.
+#: Result events read per statement while looking for matching ones (a selective filter).
+SCAN_BATCH = 500
+#: Statements of SCAN_BATCH one hand-out reads at most (then the next hand-out goes on).
+SCAN_ROUNDS = 4
+#: Expired leases (rows, ranges) reclaimed per transaction.
 RECLAIM_BATCH = 500
 
 
-@dataclass(frozen=True, slots=True)
-class PumpResult:
-    """What one pump transaction did for one subscription."""
+@dataclass
+class HandOutStats:
+    """What this process's hand-outs did (``orbit_deliveries_created_total`` and friends)."""
 
-    scanned: int  # events read after the old position
-    created: int  # deliveries inserted (matching events)
-    position: int  # scan position after the transaction
+    created: int = 0  # first-time deliveries handed out (slots of new ranges)
+    ranges: int = 0  # range rows written
+    redelivered: int = 0  # exception rows handed out again
+
+
+#: This process's hand-out totals (read by the delivery loop's metrics).
+STATS = HandOutStats()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,109 +72,25 @@ class LeaseBatch:
 
     subscription: SubscriptionRow
     deliveries: list[Leased]
-    in_flight: int  # LEASED deliveries of the subscription after this hand-out
+    in_flight: int  # leased deliveries of the subscription after this hand-out
+    behind: bool = False  # result events after the cursor are left (hand out again at once)
 
 
 # ---------------------------------------------------------------------------------------------
-# Pump
-# ---------------------------------------------------------------------------------------------
-
-
-async def pump_locked(
-    tx: Tx, sub: SubscriptionRow, now: datetime, limit: int = PUMP_BATCH
-) -> PumpResult:
-    """Pump one batch for ``sub``, whose row this transaction has locked.
-
-    Reads up to ``limit`` events after the position, stops at the first gap in the sequence
-    (a gap cannot be seen with orbit.events' locking, so this is only a guard: nothing past a
-    hole is ever skipped), inserts deliveries for the matching ones and advances the
-    position to the last contiguous event read.
-    """
-    events = await read_result_events(tx, sub.namespace_id, sub.after_seq, limit)
-    position = sub.after_seq
-    matched: list[ResultEvent] = []
-    flt = compile_filter(sub)
-    for ev in events:
-        if ev.seq != position + 1:
-            log.warning(
-                "result stream gap in namespace %s after seq %d", id_hex(sub.namespace_id), position
-            )
-            break
-        position = ev.seq
-        if flt.matches(ev):
-            matched.append(ev)
-    if position == sub.after_seq:
-        return PumpResult(scanned=0, created=0, position=position)
-    # The deliveries and the new position in ONE round trip (Tx.pipeline).
-    _, advanced = await tx.pipeline(store.delivery_insert_many(
-        tx,
-        [
-            {
-                "namespace_id": sub.namespace_id,
-                "id": new_id(),
-                "subscription_id": sub.id,
-                "seq": ev.seq,
-                "event_id": ev.event_id,
-                "state": DeliveryState.PENDING.value,
-                "proof_digest": None,
-                "attempts": 0,
-                "budget": sub.max_deliveries,
-                "lease_expires_at": None,
-                "next_at": now,
-                "acked_at": None,
-                "revision": 1,
-                "created_at": now,
-                "updated_at": now,
-            }
-            for ev in matched
-        ],
-    ), sub_store.subscription_advance_if_position(
-        tx, sub.namespace_id, sub.id, sub.after_seq, position
-    ))  # fmt: skip
-    if not advanced:
-        raise Conflict("subscription position moved concurrently", kind="pump_position")
-    return PumpResult(scanned=position - sub.after_seq, created=len(matched), position=position)
-
-
-async def pump_subscription(
-    db: Database,
-    namespace_id: bytes,
-    subscription_id: bytes,
-    *,
-    now: datetime | None = None,
-    limit: int = PUMP_BATCH,
-    skip_locked: bool = True,
-) -> PumpResult | None:
-    """One pump transaction for one subscription.
-
-    None when the subscription is gone or (``skip_locked``) another transaction holds it
-    right now — it is being pumped or handed out elsewhere, so there is nothing to do here.
-    """
-
-    async def run(tx: Tx) -> PumpResult | None:
-        sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now, skip_locked)
-        if sub is None:
-            return None
-        return await pump_locked(tx, sub, at, limit)
-
-    return await db.transaction(run)
-
-
-# ---------------------------------------------------------------------------------------------
-# Lease expiry and hand-out
+# Lease expiry
 # ---------------------------------------------------------------------------------------------
 
 
 async def reclaim_locked(
     tx: Tx, sub: SubscriptionRow, now: datetime, limit: int = RECLAIM_BATCH
 ) -> tuple[int, int]:
-    """Turn expired leases of ``sub`` (row locked by this transaction) back into PENDING
-    after backoff, or EXHAUSTED; return (redelivered, exhausted).
-
-    The backoff counts from the lease's end, not from when this runs, so redelivery timing
-    does not depend on how often the loop runs.
-    """
-    rows = await store.delivery_list_expired_for_update(tx, sub.namespace_id, sub.id, now, limit)
+    """Expired leases of ``sub`` (row locked by this transaction) back to PENDING after
+    backoff, or EXHAUSTED; return (redelivered, exhausted). Rows and open slots of ranges
+    alike; the backoff counts from the lease's end, not from when this runs."""
+    ranges, rows = await tx.pipeline(  # lock order: ranges, then delivery rows
+        range_store.range_list_expired_for_update(tx, sub.namespace_id, sub.id, now, limit),
+        store.delivery_list_expired_for_update(tx, sub.namespace_id, sub.id, now, limit),
+    )
     states: list[DeliveryState] = []
     requeues = []
     for row in rows:
@@ -170,7 +102,18 @@ async def reclaim_locked(
         requeues.append(
             store.delivery_requeue_if_revision(tx, row, state=state, next_at=next_at, now=now)
         )
-    done = await tx.pipeline(*requeues)  # every guarded requeue in one round trip
+    edits = delivery_slots.Edits()
+    for rng in ranges:
+        slots = edits.slots(rng)
+        state, next_at = after_failure(1, rng.budget, rng.lease_expires_at, backoff_ms(1))
+        for i in range(len(slots)):
+            if slots.is_open(i):
+                edits.materialise(rng, i, state=state.value, next_at=next_at, now=now)
+                states.append(state)
+    done = list(await tx.pipeline(*requeues))  # every guarded requeue in one round trip
+    if edits.ranges:
+        await delivery_slots.write(tx, edits, now=now)
+        done += [True] * len(edits.rows)
     exhausted = sum(
         1 for s, ok in zip(states, done, strict=True) if ok and s is DeliveryState.EXHAUSTED
     )
@@ -178,18 +121,43 @@ async def reclaim_locked(
     return redelivered, exhausted
 
 
+# ---------------------------------------------------------------------------------------------
+# Hand-out
+# ---------------------------------------------------------------------------------------------
+
+
+async def in_flight_locked(tx: Tx, sub: SubscriptionRow) -> int:
+    """LEASED rows plus open slots of LEASED ranges (exact under the subscription lock)."""
+    rows, slots = await tx.pipeline(
+        store.delivery_count_leased(tx, sub.namespace_id, sub.id),
+        range_store.range_in_flight(tx, sub.namespace_id, sub.id),
+    )
+    return int(rows) + int(slots)
+
+
 async def hand_out_locked(
     tx: Tx, sub: SubscriptionRow, want: int, now: datetime
-) -> tuple[list[Leased], int]:
-    """Lease up to ``want`` due deliveries of ``sub`` (row locked by this transaction),
-    never more than ``max_in_flight`` leased at once; return (hand-outs, leased after)."""
-    in_flight = await store.delivery_count_leased(tx, sub.namespace_id, sub.id)
-    room = min(want, sub.max_in_flight - in_flight)
+) -> tuple[list[Leased], int, bool]:
+    """Lease up to ``want`` deliveries of ``sub`` (row locked by this transaction), never
+    more than ``max_in_flight`` leased at once: due exceptions first, then new events as one
+    range. Return (hand-outs, leased after, events left after the cursor)."""
+    in_flight = await in_flight_locked(tx, sub)
+    room = min(want, sub.max_in_flight - in_flight, dr.MAX_SLOTS)
     if room <= 0:
-        return [], in_flight
+        return [], in_flight, False
+    out = await _hand_out_rows(tx, sub, room, now)
+    behind = False
+    if len(out) < room:
+        fresh, behind = await _hand_out_range(tx, sub, room - len(out), now)
+        out += fresh
+    return out, in_flight + len(out), behind
+
+
+async def _hand_out_rows(tx: Tx, sub: SubscriptionRow, room: int, now: datetime) -> list[Leased]:
+    """Due PENDING rows, each under a new proof (ONE guarded multi-row UPDATE)."""
     rows = await store.delivery_list_due_for_update(tx, sub.namespace_id, sub.id, now, room)
     if not rows:
-        return [], in_flight
+        return []
     lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
     proofs = [new_secret(24) for _ in rows]
     # Every lease (ONE guarded multi-row UPDATE) and the rows' result events: one round trip.
@@ -201,10 +169,10 @@ async def hand_out_locked(
     )
     if leased != len(rows):  # the rows are locked by this transaction: only a bug gets here
         raise Conflict("delivery changed concurrently", kind="cas")
-    taken = list(zip(rows, proofs, strict=True))
+    STATS.redelivered += len(rows)
     events = {int(r["seq"]): r for r in event_rows}
     out: list[Leased] = []
-    for row, proof in taken:
+    for row, proof in zip(rows, proofs, strict=True):
         ev = events.get(row.seq)
         if ev is None:  # result events are immutable and never deleted
             raise RuntimeError(f"result event seq {row.seq} of a delivery is missing")
@@ -219,7 +187,93 @@ async def hand_out_locked(
                 proof=proof,
             )
         )
-    return out, in_flight + len(out)
+    return out
+
+
+async def _hand_out_range(
+    tx: Tx, sub: SubscriptionRow, room: int, now: datetime
+) -> tuple[list[Leased], bool]:
+    """Up to ``room`` new matching events after the cursor as ONE range row; the cursor
+    moves past every event considered (matched or not), never past one left for later.
+    Returns (hand-outs, events left after the cursor)."""
+    flt = compile_filter(sub)
+    selective = any(v is not None for v in (flt.queues, flt.kinds, flt.states, flt.owner_id))
+    batch = SCAN_BATCH if selective else room
+    position = sub.after_seq
+    matched: list[ResultEvent] = []
+    behind = False
+    for _ in range(SCAN_ROUNDS):
+        events = await read_result_events(tx, sub.namespace_id, position, batch)
+        for ev in events:
+            if ev.seq != position + 1:  # ruled out by orbit.events' locking: only a guard
+                log.warning("result stream gap in namespace %s after seq %d",
+                            id_hex(sub.namespace_id), position)  # fmt: skip
+                events = []
+                break
+            if flt.matches(ev):
+                if len(matched) == room:
+                    behind = True
+                    break
+                matched.append(ev)
+            position = ev.seq
+        if len(matched) == room:
+            behind = True  # maybe more: the caller asks again (a probe says if not)
+            break
+        if len(events) < batch:
+            break
+    else:
+        behind = True  # SCAN_ROUNDS full batches read: maybe more
+    if position == sub.after_seq:
+        return [], behind
+    lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
+    out: list[Leased] = []
+    writes = []
+    if matched:
+        range_id = new_id()
+        bucket, ids = dr.new_delivery_ids(len(matched))
+        proofs = [dr.make_proof(range_id, i) for i in range(len(matched))]
+        writes.append(range_store.range_insert_many(tx, [{
+            "namespace_id": sub.namespace_id,
+            "id": range_id,
+            "subscription_id": sub.id,
+            "id_bucket": dr.bucket_of(bucket),
+            "seq_lo": matched[0].seq,
+            "seq_hi": matched[-1].seq,
+            "n": len(matched),
+            "seqs": dr.pack_seqs([ev.seq for ev in matched]),
+            "event_ids": dr.pack_fixed([ev.event_id for ev in matched], dr.ID_BYTES),
+            "delivery_ids": dr.pack_fixed(ids, dr.ID_BYTES),
+            "proof_digests": dr.pack_fixed([digest(p) for p in proofs], dr.DIGEST_BYTES),
+            "acked_us": dr.pack_seqs([0] * len(matched)),
+            "moved": dr.empty_bitmap(len(matched)),
+            "budget": sub.max_deliveries,
+            "lease_expires_at": lease_end,
+            "now": now,
+        }]))  # fmt: skip
+        out = [
+            Leased(
+                delivery_id=did,
+                seq=ev.seq,
+                event_id=ev.event_id,
+                attempt=1,
+                lease_expires_at=lease_end,
+                event=ev,
+                proof=proof,
+            )
+            for did, ev, proof in zip(ids, matched, proofs, strict=True)
+        ]
+    # The range and the new cursor in ONE round trip; the cursor guarded by its old value.
+    *_, advanced = await tx.pipeline(
+        *writes,
+        sub_store.subscription_advance_if_position(
+            tx, sub.namespace_id, sub.id, sub.after_seq, position
+        ),
+    )
+    if not advanced:
+        raise Conflict("subscription cursor moved concurrently", kind="handout_position")
+    STATS.created += len(out)  # counted before COMMIT: a rolled-back hand-out counts too
+    STATS.ranges += 1 if out else 0
+    return out, behind
 
 
 def _result_event(row: dict[str, Any]) -> ResultEvent:
@@ -302,26 +356,25 @@ async def lease(
     want: int,
     *,
     now: datetime | None = None,
-    pump: bool = True,
     probes: LeaseProbes | None = None,
 ) -> LeaseBatch:
     """Hand out up to ``want`` deliveries of one subscription in one transaction.
 
-    Locks the subscription row (waiting for it: pumps and other consumers hold it briefly),
-    pumps one batch of new events (``pump``), reclaims expired leases, then leases due
-    deliveries within ``max_in_flight``. NotFound when the subscription is gone.
+    Locks the subscription row (waiting for it: other consumers hold it briefly), reclaims
+    expired leases, then hands out due exceptions and new events within ``max_in_flight``.
+    NotFound when the subscription is gone.
 
-    On the database clock (``now`` None, ``pump``) a non-locking probe runs first and the
-    call returns no deliveries without locking anything when there is nothing to pump, hand
-    out or reclaim, or when ``max_in_flight`` is reached with nothing to pump or reclaim.
-    With ``probes`` the probe is coalesced with other consumers' (:class:`LeaseProbes`).
+    On the database clock (``now`` None) a non-locking probe runs first and the call returns
+    no deliveries without locking anything when there is nothing to hand out or reclaim, or
+    when ``max_in_flight`` is reached with nothing to reclaim. With ``probes`` the probe is
+    coalesced with other consumers' (:class:`LeaseProbes`).
     """
 
-    if now is None and pump:
-        # Most hand-outs of a consumer that keeps up find nothing to do (it polls, and wakes
-        # on every new delivery of its namespace): one non-locking statement says so, and
-        # the subscription row is locked only when there is something to pump, hand out or
-        # reclaim. (A change committed after the probe is seen by the next poll or wake.)
+    if now is None:
+        # Most hand-outs of a consumer that keeps up find nothing to do: one non-locking
+        # statement says so, and the subscription row is locked only when there is
+        # something to hand out or reclaim. (A change committed after the probe is seen by
+        # the next poll or wake.)
         async def look(tx: Tx) -> tuple[SubscriptionRow, store.LeaseProbe] | None:
             return await store.delivery_lease_probe(tx, namespace_id, subscription_id)
 
@@ -333,25 +386,20 @@ async def lease(
         if seen is None:
             raise NotFound("subscription")
         sub_seen, probe = seen
-        caught_up = sub_seen.after_seq >= probe.last_seq and not probe.expired
         full = probe.in_flight >= sub_seen.max_in_flight
-        if probe.idle(sub_seen.after_seq) or (caught_up and full):
+        if probe.idle(sub_seen.after_seq) or (full and not probe.expired):
             return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight)
 
     async def run(tx: Tx) -> LeaseBatch:
         sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now)
         if sub is None:
             raise NotFound("subscription")
-        # The pump and the reclaim touch different deliveries (new PENDING ones; expired
-        # LEASED ones) under the one subscription lock: their statements go together.
-        await tx.pipeline(
-            *([pump_locked(tx, sub, at)] if pump else []), reclaim_locked(tx, sub, at)
-        )
+        await reclaim_locked(tx, sub, at)
         if want <= 0:
-            in_flight = await store.delivery_count_leased(tx, namespace_id, subscription_id)
+            in_flight = await in_flight_locked(tx, sub)
             return LeaseBatch(subscription=sub, deliveries=[], in_flight=in_flight)
-        out, in_flight = await hand_out_locked(tx, sub, want, at)
-        return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight)
+        out, in_flight, behind = await hand_out_locked(tx, sub, want, at)
+        return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight, behind=behind)
 
     return await db.transaction(run)
 

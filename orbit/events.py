@@ -179,9 +179,16 @@ async def append_events(
 
 #: The column list of ``event_insert_many`` (orbit/sql/events.sql), for
 #: :func:`append_events_bulk`: the statement up to VALUES, without comments.
-_BULK_HEAD = "\n".join(
-    line for line in store.Q.event_insert_many.splitlines() if not line.lstrip().startswith("--")
-).split("VALUES")[0].strip() + "\nVALUES"
+_BULK_HEAD = (
+    "\n".join(
+        line
+        for line in store.Q.event_insert_many.splitlines()
+        if not line.lstrip().startswith("--")
+    )
+    .split("VALUES")[0]
+    .strip()
+    + "\nVALUES"
+)
 _BULK_COLUMNS = tuple(
     c.strip() for c in _BULK_HEAD[_BULK_HEAD.index("(") + 1 : _BULK_HEAD.index(")")].split(",")
 )

@@ -299,9 +299,7 @@ class Registry:
             seconds.observe(time.perf_counter() - started, gauge=name)
         self._rendered = None
 
-    async def run_refresh(
-        self, stop: asyncio.Event, interval_s: float = DEFAULT_REFRESH_S
-    ) -> None:
+    async def run_refresh(self, stop: asyncio.Event, interval_s: float = DEFAULT_REFRESH_S) -> None:
         """Refresh at once, then every ``interval_s`` until ``stop`` is set."""
         while not stop.is_set():
             await self.refresh()

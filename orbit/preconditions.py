@@ -27,7 +27,12 @@ def parse_tags(value: str) -> tuple[bool, frozenset[int]]:
         tag = part.strip()
         if tag == "*":
             star = True
-        elif len(tag) >= 3 and tag[0] == tag[-1] == '"' and tag[1:-1].isascii() and tag[1:-1].isdigit():
+        elif (
+            len(tag) >= 3
+            and tag[0] == tag[-1] == '"'
+            and tag[1:-1].isascii()
+            and tag[1:-1].isdigit()
+        ):
             revisions.add(int(tag[1:-1]))
         # weak or malformed tags match nothing
     return star, frozenset(revisions)

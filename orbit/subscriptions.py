@@ -8,8 +8,9 @@ of its deliveries (``PUT``/``GET /v1/namespaces/{ns}/subscriptions/{name}``).
   last committed sequence number) or ``{"after_seq": n}``. It cannot change afterwards (409
   ``conflict``), because moving the position back or forth would either re-create
   deliveries that exist or silently skip events; omit it on updates.
-* **Scan position** (``after_seq``) is owned by the pump (:mod:`orbit.delivery_pump`); it is not
-  part of the revision and no client writes it.
+* **Cursor** (``after_seq``, shown as ``position``) is owned by the hand-out
+  (:mod:`orbit.delivery_pump`): every result event up to it has been handed out or did not
+  match the filter. It is not part of the revision and no client writes it.
 
 Changes apply going forward: a new filter selects among events not yet scanned, a new
 ``max_deliveries`` is the budget of deliveries created afterwards, a new ``ack_timeout_ms``
@@ -31,6 +32,7 @@ from orbit.events import RESULT_EVENT_TYPES, ResultEvent, append_event, last_res
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store import deliveries as delivery_store
+from orbit.store import delivery_ranges as range_store
 from orbit.store import subscriptions as store
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.times import format_time
@@ -95,7 +97,7 @@ class Backlog(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int  # LEASED: handed out, not yet acked (including expired, not yet reclaimed)
     exhausted: int  # EXHAUSTED: budget spent; kept until an operator adds budget
     acked: int  # ACKED: done
-    unscanned_events: int  # result events after the scan position, not yet pumped (any filter)
+    unscanned_events: int  # result events after the cursor, not yet handed out (any filter)
     last_seq: int  # the namespace's last committed result sequence number
 
 
@@ -117,7 +119,7 @@ class SubscriptionOut(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
 
 
 class EventFilter:
-    """The compiled filter the pump applies to each result event."""
+    """The compiled filter the hand-out applies to each result event."""
 
     __slots__ = ("kinds", "owner_id", "queues", "states")
 
@@ -473,13 +475,16 @@ async def check_delivery_visible(
 
 async def read_backlog(tx: Tx, row: SubscriptionRow) -> Backlog:
     """Counts by state plus unscanned events, read in the caller's transaction."""
-    counts = await delivery_store.delivery_count_by_state(tx, row.namespace_id, row.id)
-    last = await last_result_seq(tx, row.namespace_id)
+    counts, (open_slots, acked_slots), last = await tx.pipeline(
+        delivery_store.delivery_count_by_state(tx, row.namespace_id, row.id),
+        range_store.range_counts(tx, row.namespace_id, row.id),
+        last_result_seq(tx, row.namespace_id),
+    )
     return Backlog(
         pending=counts.get("PENDING", 0),
-        in_flight=counts.get("LEASED", 0),
+        in_flight=counts.get("LEASED", 0) + open_slots,
         exhausted=counts.get("EXHAUSTED", 0),
-        acked=counts.get("ACKED", 0),
+        acked=counts.get("ACKED", 0) + acked_slots,
         unscanned_events=max(0, last - row.after_seq),
         last_seq=last,
     )

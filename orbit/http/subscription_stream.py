@@ -249,7 +249,7 @@ class StreamConnection:
                 self.stats.leased += len(batch.deliveries)
                 self.stats.max_unacked = max(self.stats.max_unacked, len(self.unacked))
                 self._note_queue()
-                if batch.deliveries:
+                if batch.deliveries or batch.behind:
                     continue
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
             # cancellation that lands as the event is set, and this task would never end.

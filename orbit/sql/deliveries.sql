@@ -169,11 +169,12 @@ WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 -- name: delivery_lease_probe_many
 -- The non-locking probe before a hand-out (orbit.delivery_pump.lease), for one or many
 -- subscriptions in ONE statement (delivery_pump.LeaseProbes coalesces a node's consumers'):
--- each subscription, whether its position is behind the stream (something to pump), whether
--- a PENDING delivery is due or a lease has expired, and how many are LEASED. When there is
--- nothing to pump, hand out or reclaim, the hand-out ends here instead of locking the
--- subscription row. keys: (namespace_id, id) pairs — a primary-key range of
--- orbit_subscriptions; the subqueries are index-only ranges of ix_orbit_deliveries_due.
+-- each subscription, whether its cursor is behind the stream (new events to hand out),
+-- whether a PENDING delivery is due or a lease has expired (a row's or a range's), and how
+-- many are leased (LEASED rows plus open slots of LEASED ranges). When there is nothing to
+-- hand out or reclaim, the hand-out ends here instead of locking the subscription row.
+-- The keys marker is one (s.namespace_id = ? AND s.id IN (…)) group per namespace, OR-ed:
+-- primary-key ranges of orbit_subscriptions; the subqueries are index-only ranges.
 SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_timeout_ms,
   s.max_deliveries, s.max_in_flight, s.revision, s.created_at, s.updated_at,
   COALESCE(e.last_seq, 0) AS last_seq,
@@ -182,10 +183,17 @@ SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_
             AND d.state = 'PENDING' AND d.next_at <= UTC_TIMESTAMP(6)) AS due,
   EXISTS (SELECT 1 FROM orbit_deliveries d FORCE INDEX (ix_orbit_deliveries_due)
           WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
-            AND d.state = 'LEASED' AND d.next_at <= UTC_TIMESTAMP(6)) AS expired,
+            AND d.state = 'LEASED' AND d.next_at <= UTC_TIMESTAMP(6))
+    OR EXISTS (SELECT 1 FROM orbit_delivery_ranges r FORCE INDEX (ix_orbit_delivery_ranges_open)
+          WHERE r.namespace_id = s.namespace_id AND r.subscription_id = s.id
+            AND r.state = 'LEASED' AND r.lease_expires_at <= UTC_TIMESTAMP(6)) AS expired,
   (SELECT COUNT(*) FROM orbit_deliveries d FORCE INDEX (ix_orbit_deliveries_due)
    WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
-     AND d.state = 'LEASED') AS in_flight
+     AND d.state = 'LEASED')
+  + (SELECT COALESCE(SUM(r.open_n), 0)
+     FROM orbit_delivery_ranges r FORCE INDEX (ix_orbit_delivery_ranges_open)
+     WHERE r.namespace_id = s.namespace_id AND r.subscription_id = s.id
+       AND r.state = 'LEASED') AS in_flight
 FROM orbit_subscriptions s
 LEFT JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
-WHERE (s.namespace_id, s.id) IN %(keys)s
+WHERE /*keys*/

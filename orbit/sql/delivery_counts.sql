@@ -11,7 +11,12 @@ SELECT 'PENDING' AS state, COUNT(*) AS n FROM (
     AND state = 'PENDING'
   LIMIT %(cap)s) AS p
 UNION ALL
-SELECT 'LEASED', COUNT(*) FROM (
+SELECT 'LEASED', LEAST(%(cap)s, COUNT(*) + (
+  -- plus the open slots of LEASED delivery ranges (bounded by max_in_flight)
+  SELECT COALESCE(SUM(open_n), 0)
+  FROM orbit_delivery_ranges FORCE INDEX (ix_orbit_delivery_ranges_open)
+  WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+    AND state = 'LEASED')) FROM (
   SELECT 1 FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_state_seq)
   WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
     AND state = 'LEASED'

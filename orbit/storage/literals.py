@@ -65,9 +65,7 @@ def literal(value: Any) -> str:
     raise TypeError(f"no SQL literal for {type(value).__name__}")
 
 
-def insert_values(
-    head: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]
-) -> str:
+def insert_values(head: str, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
     """``head`` (``INSERT INTO t (c1, …) VALUES``) followed by one literal tuple per row,
     the values taken from each row by ``columns`` (in that order).
 

@@ -189,7 +189,8 @@ async def delivery_lease_probe_many(
 
     if not keys:
         return {}
-    rows = await tx.fetchall(Q.delivery_lease_probe_many, {"keys": tuple(keys)})
+    where, args = namespace_groups(keys, alias="s.")
+    rows = await tx.fetchall(Q.delivery_lease_probe_many.replace("/*keys*/", where), args)
     out: dict[tuple[bytes, bytes], tuple[Any, LeaseProbe]] = {}
     for row in rows:
         probe = LeaseProbe(last_seq=int(row["last_seq"]), due=bool(row["due"]),

@@ -118,7 +118,9 @@ async def test_server_refreshes_gauges_in_the_background(db: Database) -> None:
     stop.set()
     await asyncio.wait_for(loop, 5)
     assert len(ran) >= 3
-    assert ctx.metrics.counter("orbit_metrics_refresh_errors_total", "", ("gauge",)).value(
-        gauge="broken"
-    ) >= 3
-
+    assert (
+        ctx.metrics.counter("orbit_metrics_refresh_errors_total", "", ("gauge",)).value(
+            gauge="broken"
+        )
+        >= 3
+    )

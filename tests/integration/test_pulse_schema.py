@@ -109,8 +109,11 @@ CHECKS: list[tuple[str, dict[str, Any], str]] = [
     ("pulse_tasks", {"state": "SUCCEEDED"}, "ck_pulse_tasks_terminal_finished"),
     ("pulse_tasks", {"lease_expires_at": LATER}, "ck_pulse_tasks_waiting_no_lease"),
     ("pulse_tasks", {"state": "RUNNING"}, "ck_pulse_tasks_held_has_lease"),
-    ("pulse_tasks", {"state": "FAILED", "finished_at": NOW, "effect_uncertain": 1},
-     "ck_pulse_tasks_uncertain"),
+    (
+        "pulse_tasks",
+        {"state": "FAILED", "finished_at": NOW, "effect_uncertain": 1},
+        "ck_pulse_tasks_uncertain",
+    ),
     ("pulse_tasks", {"max_attempts": 0}, "ck_pulse_tasks_max_attempts"),
     ("pulse_tasks", {"concurrency_key": "k"}, "ck_pulse_tasks_key_digest"),
     ("pulse_attempts", {"retryable": 1}, "ck_pulse_attempts_retryable"),
@@ -121,8 +124,11 @@ CHECKS: list[tuple[str, dict[str, Any], str]] = [
     ("pulse_effects", {"state": "COMMITTED"}, "ck_pulse_effects_committed"),
     ("pulse_effects", {"result": "]"}, "ck_pulse_effects_result_json"),
     ("pulse_concurrency_limits", {"held": 2}, "ck_pulse_concurrency_limits_held"),
-    ("pulse_concurrency_limits", {"grant_revision": 18446744073709551615},
-     "ck_pulse_concurrency_limits_nowrap"),
+    (
+        "pulse_concurrency_limits",
+        {"grant_revision": 18446744073709551615},
+        "ck_pulse_concurrency_limits_nowrap",
+    ),
     ("pulse_schedule_versions", {"every_ms": 60000}, "ck_pulse_schedule_versions_spec"),
     ("pulse_schedule_versions", {"cron": None, "every_ms": 10}, "ck_pulse_schedule_versions_every"),
     ("pulse_schedule_versions", {"task_payload": "{"}, "ck_pulse_schedule_versions_payload_json"),
@@ -210,8 +216,10 @@ def test_dispatch_at_is_available_at_minus_priority_steps(
     row = {**base_rows()["pulse_tasks"], "priority": 9}
     insert(conn, "pulse_tasks", row)
     with conn.cursor() as cur:
-        cur.execute("SELECT dispatch_at FROM pulse_tasks WHERE namespace_id = %s AND id = %s",
-                    (row["namespace_id"], row["id"]))
+        cur.execute(
+            "SELECT dispatch_at FROM pulse_tasks WHERE namespace_id = %s AND id = %s",
+            (row["namespace_id"], row["id"]),
+        )
         assert cur.fetchone()[0] == NOW - timedelta(seconds=270)
 
 

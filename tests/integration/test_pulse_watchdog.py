@@ -286,9 +286,7 @@ async def test_queue_get_shows_usage_denials_and_stuck_count(db, tenant) -> None
     assert res.queue["usage"]["denials"]["quota"] == 5 and res.queue["usage"]["stuck_tasks"] == 1
     # free_permits = max_concurrency - active - reservations, never below 0.
     for limit, free in ((5, 3), (2, 0), (1, 0)):
-        res = await queues.put_queue(
-            db, t.namespace_id, "default", QueuePut(max_concurrency=limit)
-        )
+        res = await queues.put_queue(db, t.namespace_id, "default", QueuePut(max_concurrency=limit))
         assert res.queue["usage"]["free_permits"] == free, limit
     # The list shows usage (no per-queue scans: no stuck count there).
     page = await queues.list_queues(db, t.namespace_id)

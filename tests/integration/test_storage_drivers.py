@@ -124,7 +124,9 @@ async def test_bytes_ids_and_datetime6_round_trip(sdb: Database) -> None:
 
 
 async def test_matched_rows_and_cas(sdb: Database) -> None:
-    await sdb.transaction(lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],)))
+    await sdb.transaction(
+        lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],))
+    )
 
     async def same_value(tx: Tx) -> int:
         # FOUND_ROWS: an UPDATE that changes nothing still counts its matched row.
@@ -198,7 +200,9 @@ async def test_execute_batch_counts_each_statement(sdb: Database) -> None:
 
 
 async def test_errors_are_pymysql_classes_with_their_numbers(sdb: Database) -> None:
-    await sdb.transaction(lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],)))
+    await sdb.transaction(
+        lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],))
+    )
     with pytest.raises(DuplicateKey) as dup:
         await sdb.transaction(lambda tx: tx.execute(
             "INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[1],)))  # fmt: skip
@@ -225,7 +229,9 @@ async def test_errors_are_pymysql_classes_with_their_numbers(sdb: Database) -> N
 
 
 async def test_lock_wait_timeout_is_retried_then_exhausted(sdb: Database) -> None:
-    await sdb.transaction(lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],)))
+    await sdb.transaction(
+        lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],))
+    )
     held = asyncio.Event()
     release = asyncio.Event()
 
@@ -237,6 +243,7 @@ async def test_lock_wait_timeout_is_retried_then_exhausted(sdb: Database) -> Non
     task = asyncio.create_task(sdb.transaction(holder))
     await held.wait()
     try:
+
         async def waiter(tx: Tx) -> None:
             await tx.execute("SET SESSION innodb_lock_wait_timeout = 1")
             await tx.execute("UPDATE t SET revision = 1 WHERE id = %s", (IDS[0],))
@@ -321,7 +328,9 @@ async def test_a_commit_lost_is_outcome_unknown_never_retried(
 ) -> None:
     """The driver's own 2013 during COMMIT (after the server committed) → OutcomeUnknown with
     PyMySQL's OperationalError as its cause; not retried; a re-read decides."""
-    errors = importlib.import_module("asyncmy.errors" if sdb.driver.name == "asyncmy" else "pymysql.err")
+    errors = importlib.import_module(
+        "asyncmy.errors" if sdb.driver.name == "asyncmy" else "pymysql.err"
+    )
     conn = await sdb.pool.acquire()
     cls = type(conn)
     sdb.pool.release(conn)

@@ -14,11 +14,13 @@ from orbit.storage.dsn import DSN
 @pytest.fixture
 async def scratch(empty_db: DSN):
     db = await Database.connect(empty_db, maxsize=6, max_retries=5)
+
     async def mk(tx: Tx) -> None:
         await tx.execute(
             "CREATE TABLE t (id BINARY(16) NOT NULL PRIMARY KEY, v INT NOT NULL,"
             " revision BIGINT UNSIGNED NOT NULL DEFAULT 1, UNIQUE KEY uq_t_v (v))"
         )
+
     await db.transaction(mk)
     try:
         yield db
@@ -45,14 +47,18 @@ async def test_cas_conflict_and_duplicate(scratch: Database) -> None:
     async def bump(tx: Tx, rev: int) -> None:
         await tx.cas(
             "UPDATE t SET v = v + 10, revision = revision + 1 WHERE id = %s AND revision = %s",
-            (a, rev), "t")
+            (a, rev),
+            "t",
+        )
 
     await scratch.transaction(lambda tx: bump(tx, 1))
     with pytest.raises(CasConflict):
         await scratch.transaction(lambda tx: bump(tx, 1))
     b = ids.new_id()
     with pytest.raises(DuplicateKey) as err:
-        await scratch.transaction(lambda tx: tx.execute("INSERT INTO t (id, v) VALUES (%s, 11)", (b,)))
+        await scratch.transaction(
+            lambda tx: tx.execute("INSERT INTO t (id, v) VALUES (%s, 11)", (b,))
+        )
     assert err.value.key == "uq_t_v"
 
 
@@ -87,6 +93,7 @@ async def test_real_deadlock_is_retried(scratch: Database) -> None:
             if runs[name] == 1:
                 await both_locked_first.wait()
             await tx.execute("UPDATE t SET revision = revision + 1 WHERE id = %s", (second,))
+
         return fn
 
     await asyncio.gather(

@@ -30,12 +30,16 @@ def ms(n: int) -> timedelta:
 
 
 async def _rows(db: Database, t: SubTenant, sub_id: bytes) -> list[dstore.DeliveryRow]:
-    async def run(tx: Tx) -> list[dstore.DeliveryRow]:
-        return await dstore.delivery_list_page(
-            tx, t.namespace_id, sub_id, state=None, after_seq=0, limit=500
-        )
+    """The subscription's history: its rows and the slots of its ranges, in seq order."""
+    return await deliveries.list_history(
+        db, t.namespace_id, sub_id, state=None, after_seq=0, limit=500
+    )
 
-    return await db.read(run)
+
+async def _seqs(db: Database, t: SubTenant, sub_id: bytes, want: int = 500) -> list[int]:
+    """Seqs handed out by one lease."""
+    batch = await delivery_pump.lease(db, t.namespace_id, sub_id, want)
+    return [d.seq for d in batch.deliveries]
 
 
 # ----------------------------------------------------------------------------- config
@@ -110,15 +114,15 @@ async def test_start_positions(db: Database) -> None:
     assert (earliest.after_seq, latest.after_seq, after.after_seq) == (0, 3, 1)
     await append_results(db, t.namespace_id, 2)
     for row, expect in ((earliest, [1, 2, 3, 4, 5]), (latest, [4, 5]), (after, [2, 3, 4, 5])):
-        res = await delivery_pump.pump_subscription(db, t.namespace_id, row.id)
-        assert res is not None and res.position == 5
+        assert await _seqs(db, t, row.id) == expect
+        assert (await subscriptions.get_subscription(db, t.namespace_id, row.name)).after_seq == 5
         assert [r.seq for r in await _rows(db, t, row.id)] == expect
 
 
-# ----------------------------------------------------------------------------- pump
+# ----------------------------------------------------------------------------- hand-out
 
 
-async def test_pump_applies_filter_and_advances_position(db: Database) -> None:
+async def test_hand_out_applies_filter_and_advances_cursor(db: Database) -> None:
     t = await make_tenant(db)
     owner = new_id()
     row, *_ = await _put(
@@ -132,13 +136,12 @@ async def test_pump_applies_filter_and_advances_position(db: Database) -> None:
     await append_results(db, t.namespace_id, 1, queue="mail", owner_id=owner, state="CANCELLED")
     await append_results(db, t.namespace_id, 1, queue="mail")  # 5 other owner
     await append_results(db, t.namespace_id, 1, queue="mail", owner_id=owner, state="FAILED")
-    res = await delivery_pump.pump_subscription(db, t.namespace_id, row.id)
-    assert res == delivery_pump.PumpResult(scanned=6, created=3, position=6)
-    assert [r.seq for r in await _rows(db, t, row.id)] == [1, 2, 6]
-    again = await delivery_pump.pump_subscription(db, t.namespace_id, row.id)
-    assert again == delivery_pump.PumpResult(scanned=0, created=0, position=6)
     sub, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s")
-    assert (backlog.pending, backlog.unscanned_events, backlog.last_seq, sub.after_seq) == (
+    assert (backlog.pending, backlog.in_flight, backlog.unscanned_events) == (0, 0, 6)
+    assert await _seqs(db, t, row.id) == [1, 2, 6]
+    assert await _seqs(db, t, row.id) == []
+    sub, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s")
+    assert (backlog.in_flight, backlog.unscanned_events, backlog.last_seq, sub.after_seq) == (
         3,
         0,
         6,
@@ -146,24 +149,27 @@ async def test_pump_applies_filter_and_advances_position(db: Database) -> None:
     )
 
 
-async def test_pump_kinds_filter_and_batches(db: Database) -> None:
+async def test_hand_out_stops_the_cursor_at_the_first_event_left(db: Database) -> None:
     t = await make_tenant(db)
     row, *_ = await _put(db, t, start="earliest", filter={"kinds": ["a"]})
     await append_results(db, t.namespace_id, 3, kind="a")
     await append_results(db, t.namespace_id, 2, kind=None)
     await append_results(db, t.namespace_id, 2, kind="a")
-    first = await delivery_pump.pump_subscription(db, t.namespace_id, row.id, limit=4)
-    assert first == delivery_pump.PumpResult(scanned=4, created=3, position=4)
-    second = await delivery_pump.pump_subscription(db, t.namespace_id, row.id, limit=4)
-    assert second == delivery_pump.PumpResult(scanned=3, created=2, position=7)
+    batch = await delivery_pump.lease(db, t.namespace_id, row.id, 2)
+    assert [d.seq for d in batch.deliveries] == [1, 2] and batch.behind
+    assert (await subscriptions.get_subscription(db, t.namespace_id, "s")).after_seq == 2
+    assert await _seqs(db, t, row.id, 10) == [3, 6, 7]
+    assert (await subscriptions.get_subscription(db, t.namespace_id, "s")).after_seq == 7
 
 
 async def test_unique_key_is_last_line_of_defence(db: Database) -> None:
-    """Inserting a second delivery for the same (subscription, seq) fails the transaction."""
+    """A second row for the same (subscription, seq) fails the transaction: a materialised
+    slot can exist once."""
     t = await make_tenant(db)
     row, *_ = await _put(db, t, start="earliest")
     await append_results(db, t.namespace_id, 1)
-    await delivery_pump.pump_subscription(db, t.namespace_id, row.id)
+    (d,) = (await delivery_pump.lease(db, t.namespace_id, row.id, 1)).deliveries
+    await deliveries.nack(db, t.namespace_id, d.delivery_id, d.proof, 0)  # now a row
     existing = (await _rows(db, t, row.id))[0]
 
     async def dup(tx: Tx) -> None:
@@ -221,7 +227,7 @@ async def test_ack_is_idempotent_and_checks_the_proof(db: Database) -> None:
     assert (first.outcome, again.outcome) == ("applied", "replayed")
     assert first.delivery.acked_at == again.delivery.acked_at  # not re-stamped
     stored = await deliveries.get_delivery(db, t.namespace_id, d.delivery_id)
-    assert (stored.state, stored.attempts, stored.revision) == ("ACKED", 1, 3)
+    assert (stored.state, stored.attempts) == ("ACKED", 1)
     _, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s")
     assert (backlog.acked, backlog.pending, backlog.in_flight) == (1, 0, 0)
     with pytest.raises(NotFound):
@@ -374,7 +380,12 @@ async def test_release_gives_deliveries_back_at_once(db: Database) -> None:
 async def test_history_pages_with_cursor_positions(db: Database) -> None:
     t = await make_tenant(db)
     row = await _ready(db, t, 5)
-    await delivery_pump.pump_subscription(db, t.namespace_id, row.id)
+    batch = await delivery_pump.lease(db, t.namespace_id, row.id, 2)  # a range of two
+    await deliveries.ack(db, t.namespace_id, batch.deliveries[0].delivery_id,
+                         batch.deliveries[0].proof)  # fmt: skip
+    batch = await delivery_pump.lease(db, t.namespace_id, row.id, 3)  # a range of three
+    await deliveries.nack(db, t.namespace_id, batch.deliveries[2].delivery_id,
+                          batch.deliveries[2].proof, 60_000)  # fmt: skip
     page1 = await deliveries.list_history(
         db, t.namespace_id, row.id, state=None, after_seq=0, limit=2
     )
@@ -385,6 +396,13 @@ async def test_history_pages_with_cursor_positions(db: Database) -> None:
         db, t.namespace_id, row.id, state="PENDING", after_seq=page2[-1].seq, limit=2
     )
     assert [r.seq for r in (*page1, *page2, *page3)] == [1, 2, 3, 4, 5]
+    assert [r.state for r in (*page1, *page2)] == ["ACKED", "LEASED", "LEASED", "LEASED"]
+    assert [r.state for r in page3] == ["PENDING"]  # the nacked slot is a row now
+    for state, expect in (("ACKED", [1]), ("LEASED", [2, 3, 4]), ("PENDING", [5])):
+        page = await deliveries.list_history(
+            db, t.namespace_id, row.id, state=state, after_seq=0, limit=10
+        )
+        assert [r.seq for r in page] == expect, state
     with pytest.raises(InvalidRequest):
         await deliveries.list_history(
             db, t.namespace_id, row.id, state="NOPE", after_seq=0, limit=2
@@ -406,7 +424,7 @@ def test_filter_struct_roundtrip() -> None:
     assert msgspec.convert({"after_seq": 3}, StartAfterSeq).after_seq == 3
 
 
-async def test_delivery_loop_run_once_pumps_and_sweeps(db: Database) -> None:
+async def test_delivery_loop_run_once_wakes_and_sweeps(db: Database) -> None:
     from orbit.delivery_loop import DeliveryHub, DeliveryLoop
     from orbit.metrics import Registry
 
@@ -419,8 +437,8 @@ async def test_delivery_loop_run_once_pumps_and_sweeps(db: Database) -> None:
     loop = DeliveryLoop(db, hub=hub, metrics=registry, sweep_interval_s=0.0)
     t0 = await db.now()
     first = await loop.run_once(now=t0)
-    assert first.created >= 3 and woken.is_set()
-    assert (await subscriptions.get_subscription(db, t.namespace_id, "s")).after_seq == 3
+    assert first.behind >= 1 and woken.is_set()  # woken; nothing written ahead of a hand-out
+    assert (await subscriptions.get_subscription(db, t.namespace_id, "s")).after_seq == 0
     batch = await delivery_pump.lease(db, t.namespace_id, row.id, 2, now=t0)
     assert len(batch.deliveries) == 2
     # Leases end at t0+1s: the sweep reclaims them (redelivered), budget 2 not yet spent.
@@ -430,7 +448,6 @@ async def test_delivery_loop_run_once_pumps_and_sweeps(db: Database) -> None:
     assert {d.attempt for d in again.deliveries} == {1, 2}
     final = await loop.run_once(now=t0 + ms(3_000))  # second expiry spends the budget of two
     assert final.exhausted >= 2
-    assert registry.counter("orbit_deliveries_created_total", "").value() >= 3
     # The gauge is refreshed in the background (a page of subscriptions per round), never on
     # a scrape: one whole pass over the subscriptions.
     from orbit import delivery_gauges
@@ -463,21 +480,69 @@ async def test_pulse_result_events_reach_a_subscription(db: Database) -> None:
     }  # fmt: skip
 
 
-async def test_pump_inserts_a_batch_with_one_statement(db: Database) -> None:
-    """The pump's multi-row INSERT really is one statement (a leading SQL comment once made
-    aiomysql's executemany send one INSERT per row)."""
+async def test_hand_out_writes_one_range_row_and_no_delivery_row(db: Database) -> None:
+    """A hand-out of 25 first-time deliveries is ONE inserted row (the range) and nothing
+    per delivery; acking all of them is ONE updated row."""
     t = await make_tenant(db)
     row, *_ = await _put(db, t, start="earliest")
     await append_results(db, t.namespace_id, 25)
 
-    async def run(tx: Tx) -> tuple[int, int]:
-        before = await tx.fetchone("SHOW SESSION STATUS LIKE 'Com_insert'")
+    async def status(tx: Tx) -> dict[str, int]:
+        rows = await tx.fetchall("SHOW SESSION STATUS LIKE 'Handler_%'")
+        return {r["Variable_name"]: int(r["Value"]) for r in rows}
+
+    async def hand_out(tx: Tx) -> tuple[int, dict[str, int]]:
+        before = await status(tx)
         sub = await sub_store.subscription_lock(tx, t.namespace_id, row.id)
         assert sub is not None
-        res = await delivery_pump.pump_locked(tx, sub, await dstore.delivery_clock_now(tx))
-        after = await tx.fetchone("SHOW SESSION STATUS LIKE 'Com_insert'")
-        assert before is not None and after is not None
-        return res.created, int(after["Value"]) - int(before["Value"])
+        out, *_ = await delivery_pump.hand_out_locked(
+            tx, sub, 100, await dstore.delivery_clock_now(tx)
+        )
+        after = await status(tx)
+        return len(out), {k: after[k] - before[k] for k in ("Handler_write", "Handler_update")}
 
-    created, inserts = await db.transaction(run)
-    assert (created, inserts) == (25, 1)
+    created, counts = await db.transaction(hand_out)
+    # one range row inserted; the subscription cursor updated
+    assert (created, counts["Handler_write"], counts["Handler_update"]) == (25, 1, 1)
+    _, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s")
+    assert backlog.in_flight == 25
+
+    async def count(tx: Tx) -> int:
+        n = await tx.fetchval(
+            "SELECT COUNT(*) FROM orbit_deliveries WHERE namespace_id = %s", (t.namespace_id,)
+        )
+        return int(n)
+
+    assert await db.read(count) == 0
+
+
+async def test_earliest_on_a_big_namespace_materialises_nothing(db: Database) -> None:
+    """300 subscriptions created from "earliest" on a namespace with 2,000 result events
+    write no delivery row and no range: storage grows with what is handed out."""
+    t = await make_tenant(db)
+    for _ in range(4):
+        await append_results(db, t.namespace_id, 500)
+    subs = [(await _put(db, t, f"s{i}", start="earliest"))[0] for i in range(300)]
+    from orbit.delivery_loop import DeliveryHub, DeliveryLoop
+
+    hub = DeliveryHub()
+    hub.watch(t.namespace_id, subs[0].id)
+    await DeliveryLoop(db, hub=hub, sweep_interval_s=0.0).run_once()
+
+    async def counts(tx: Tx) -> tuple[int, int]:
+        rows = await tx.fetchval(
+            "SELECT COUNT(*) FROM orbit_deliveries WHERE namespace_id = %s", (t.namespace_id,)
+        )
+        ranges = await tx.fetchval(
+            "SELECT COUNT(*) FROM orbit_delivery_ranges WHERE namespace_id = %s",
+            (t.namespace_id,),
+        )
+        return int(rows), int(ranges)
+
+    assert await db.read(counts) == (0, 0)
+    _, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s7")
+    assert (backlog.pending, backlog.in_flight, backlog.unscanned_events) == (0, 0, 2_000)
+    # consuming one subscription writes ranges for it alone, as many as its hand-outs
+    got = await _seqs(db, t, subs[7].id, 100)
+    assert got == list(range(1, 101))
+    assert await db.read(counts) == (0, 1)

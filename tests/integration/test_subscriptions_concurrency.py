@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,8 +21,7 @@ from subscription_fixtures import append_results, make_tenant
 from orbit import deliveries, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
 from orbit.events import list_result_events
-from orbit.storage import DSN, Database, Tx
-from orbit.store import deliveries as dstore
+from orbit.storage import DSN, Database
 from orbit.subscriptions import SubscriptionFilter, SubscriptionPut
 
 
@@ -85,7 +85,12 @@ async def second_db(dsn: DSN):
         await other.close()
 
 
-async def test_two_pools_pumping_never_duplicate_or_skip(db: Database, second_db: Database) -> None:
+async def test_two_pools_handing_out_never_duplicate_or_skip(
+    db: Database, second_db: Database
+) -> None:
+    """Hand-outs from two pools ("server processes") race while producers append: every
+    matching event is handed out for the first time exactly once, under one delivery id,
+    and none is skipped."""
     t = await make_tenant(db)
     row, *_ = await subscriptions.put_subscription(
         db,
@@ -109,44 +114,25 @@ async def test_two_pools_pumping_never_duplicate_or_skip(db: Database, second_db
             )
         producing.clear()
 
-    errors: list[BaseException] = []
+    first: list[tuple[int, bytes]] = []
 
-    async def pump(pool: Database, skip_locked: bool) -> None:
-        while producing.is_set():
-            try:
-                await delivery_pump.pump_subscription(
-                    pool, t.namespace_id, row.id, limit=7, skip_locked=skip_locked
-                )
-            except BaseException as exc:  # any duplicate would surface here
-                errors.append(exc)
-                raise
+    async def lease(pool: Database, want: int) -> None:
+        while True:
+            busy = producing.is_set()
+            batch = await delivery_pump.lease(pool, t.namespace_id, row.id, want)
+            first.extend((d.seq, d.delivery_id) for d in batch.deliveries if d.attempt == 1)
+            if not busy and not batch.deliveries and not batch.behind:
+                return
 
-    async def lease(pool: Database) -> None:
-        while producing.is_set():
-            await delivery_pump.lease(pool, t.namespace_id, row.id, 3)
-
-    await asyncio.gather(
-        produce(),
-        pump(db, True),
-        pump(second_db, False),
-        pump(second_db, True),
-        lease(db),
-        lease(second_db),
-    )
-    while (await delivery_pump.pump_subscription(db, t.namespace_id, row.id)).scanned:  # type: ignore[union-attr]
-        pass
-    assert not errors
-
-    async def read(tx: Tx) -> list[dstore.DeliveryRow]:
-        return await dstore.delivery_list_page(
-            tx, t.namespace_id, row.id, state=None, after_seq=0, limit=5000
-        )
-
-    rows = await db.read(read)
+    await asyncio.gather(produce(), lease(db, 3), lease(second_db, 7), lease(second_db, 1))
     events = await list_result_events(db, t.namespace_id, 0, 5000)
     expected = [e.seq for e in events if e.state == "SUCCEEDED"]
-    assert [r.seq for r in rows] == expected  # exactly one delivery per matching event
-    assert len({r.id for r in rows}) == len(rows)
+    assert sorted(s for s, _ in first) == expected  # exactly once each, none skipped
+    assert len({d for _, d in first}) == len(first)
+    history = await deliveries.list_history(
+        db, t.namespace_id, row.id, state=None, after_seq=0, limit=5000
+    )
+    assert [(r.seq, r.id) for r in history] == sorted(first)
     sub = await subscriptions.get_subscription(db, t.namespace_id, "s")
     assert sub.after_seq == events[-1].seq
 
@@ -179,24 +165,33 @@ async def test_concurrent_hand_outs_never_share_a_delivery(
 
 
 async def test_two_delivery_loops_on_two_pools(db: Database, second_db: Database) -> None:
+    """Two nodes' loops sweep the same expired leases at once: each expired delivery is
+    reclaimed exactly once (one row per delivery, SKIP LOCKED: nobody waits)."""
     from orbit.delivery_loop import DeliveryLoop
 
     t = await make_tenant(db)
     row, *_ = await subscriptions.put_subscription(
-        db, CLI_ACTOR, t.namespace_id, "s", SubscriptionPut(start="earliest")
+        db,
+        CLI_ACTOR,
+        t.namespace_id,
+        "s",
+        SubscriptionPut(start="earliest", ack_timeout_ms=100, max_in_flight=1000),
     )
     loops = [DeliveryLoop(db, sweep_interval_s=0.0), DeliveryLoop(second_db, sweep_interval_s=0.0)]
+    t0 = await db.now()
+    handed = 0
     for _ in range(10):
         await append_results(db, t.namespace_id, random.randint(1, 30))
-        rounds = await asyncio.gather(*(lp.run_once() for lp in loops))
-        assert all(r.errors == 0 for r in rounds)
-
-    async def read(tx: Tx) -> list[dstore.DeliveryRow]:
-        return await dstore.delivery_list_page(
-            tx, t.namespace_id, row.id, state=None, after_seq=0, limit=5000
-        )
-
-    await loops[0].run_once()
-    seqs = [r.seq for r in await db.read(read)]
+        batch = await delivery_pump.lease(db, t.namespace_id, row.id, 500, now=t0)
+        handed += len(batch.deliveries)
+    later = t0 + timedelta(seconds=1)
+    rounds = await asyncio.gather(*(lp.run_once(now=later) for lp in loops))
+    assert all(r.errors == 0 for r in rounds)
+    assert sum(r.redelivered for r in rounds) + sum(r.skipped for r in rounds) >= 1
+    await loops[0].run_once(now=later)
+    history = await deliveries.list_history(
+        db, t.namespace_id, row.id, state=None, after_seq=0, limit=5000
+    )
     events = await list_result_events(db, t.namespace_id, 0, 5000)
-    assert seqs == [e.seq for e in events]
+    assert [r.seq for r in history] == [e.seq for e in events] and len(history) == handed
+    assert {r.state for r in history} == {"PENDING"}  # every one reclaimed, once
