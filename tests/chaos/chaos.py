@@ -756,6 +756,10 @@ def run_chaos(dsn: DSN, work: Path, *, seconds: float, nodes: int = 3, workers: 
             open_deliveries = query(
                 dsn, "SELECT COUNT(*) FROM orbit_deliveries d JOIN orbit_namespaces n ON n.id = d.namespace_id"
                      " WHERE n.application_id = UNHEX(%s) AND d.state IN ('PENDING','LEASED')", (app,))[0][0]  # fmt: skip
+            open_deliveries += query(
+                dsn, "SELECT COALESCE(SUM(r.open_n), 0) FROM orbit_delivery_ranges r JOIN orbit_namespaces n"
+                     " ON n.id = r.namespace_id WHERE n.application_id = UNHEX(%s) AND r.state = 'LEASED'",
+                (app,))[0][0]  # fmt: skip
             behind = query(dsn, "SELECT COUNT(*) FROM orbit_subscriptions s JOIN orbit_namespaces n ON n.id = s.namespace_id"
                                 " WHERE n.application_id = UNHEX(%s) AND s.after_seq < %s", (app, last))[0][0]  # fmt: skip
             return busy == 0 and running == 0 and open_deliveries == 0 and behind == 0

@@ -196,6 +196,23 @@ def snapshot(
             recs.append({"op": "db.delivery", "sub": subs.get(sid, _hex(sid)), "delivery_id": _hex(did),
                          "seq": int(seq), "event_id": _hex(eid), "state": state,
                          "attempts": int(attempts), "budget": int(budget)})  # fmt: skip
+        # First-time deliveries live as slots of range rows until an exception moves them out
+        # (then the row above is the delivery): every slot not moved is one delivery.
+        from orbit.delivery_ranges import Slots
+
+        for sid, seqs, dids, eids, digests, acked_us, moved, budget in rows(
+            "SELECT subscription_id, seqs, delivery_ids, event_ids, proof_digests, acked_us,"
+            " moved, budget FROM orbit_delivery_ranges WHERE namespace_id = %s", (ns,)
+        ):  # fmt: skip
+            slots = Slots.decode(seqs, dids, eids, digests, acked_us, moved)
+            for i in range(len(slots)):
+                if slots.is_moved(i):
+                    continue
+                recs.append({"op": "db.delivery", "sub": subs.get(sid, _hex(sid)),
+                             "delivery_id": _hex(slots.delivery_ids[i]), "seq": slots.seqs[i],
+                             "event_id": _hex(slots.event_ids[i]),
+                             "state": "ACKED" if slots.is_acked(i) else "LEASED",
+                             "attempts": 1, "budget": int(budget)})  # fmt: skip
         for sched, name in rows("SELECT id, name FROM pulse_schedules WHERE namespace_id = %s", (ns,)):
             recs.append({"op": "db.schedule", "schedule": name,
                          "every_ms": (every_ms or {}).get(name)})  # fmt: skip
