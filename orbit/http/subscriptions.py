@@ -213,6 +213,8 @@ async def pull(request: Request) -> Response:
             remaining = deadline - time.monotonic()
             if batch.deliveries or remaining <= 0:
                 break
+            if batch.behind:  # events were read and skipped by the filter: go on at once
+                continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(remaining, PULL_POLL_S)):
                     await wake.wait()

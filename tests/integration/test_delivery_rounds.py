@@ -152,3 +152,26 @@ async def test_node_round_isolates_a_failing_round() -> None:
     assert await blocker == 0
     assert out[0] == 1 and isinstance(out[1], RuntimeError) and out[2] == 2
     assert rnd.stats.isolated == 1
+
+
+async def test_open_delivery_counts_see_slots_and_events_not_handed_out(db: Database) -> None:
+    """The orbit_deliveries gauge's per-subscription count: LEASED includes the open slots of
+    ranges, PENDING the given-back rows plus the events after the hand-out cursor."""
+    from orbit.store import delivery_counts
+
+    t = await make_tenant(db)
+    sub = await _sub(db, t, max_in_flight=4)
+    await append_results(db, t.namespace_id, 10)
+
+    async def counts() -> dict[str, int]:
+        return await db.read(
+            lambda tx: delivery_counts.delivery_count_open_capped(tx, t.namespace_id, sub.id, 100)
+        )
+
+    assert await counts() == {"PENDING": 10, "LEASED": 0, "EXHAUSTED": 0}
+    batch = (await delivery_pump.lease(db, t.namespace_id, sub.id, 10)).deliveries
+    assert len(batch) == 4
+    assert await counts() == {"PENDING": 6, "LEASED": 4, "EXHAUSTED": 0}
+    await deliveries.nack(db, t.namespace_id, batch[0].delivery_id, batch[0].proof, 60_000)
+    await deliveries.ack(db, t.namespace_id, batch[1].delivery_id, batch[1].proof)
+    assert await counts() == {"PENDING": 7, "LEASED": 2, "EXHAUSTED": 0}
