@@ -74,6 +74,7 @@ class LeaseBatch:
     deliveries: list[Leased]
     in_flight: int  # leased deliveries of the subscription after this hand-out
     behind: bool = False  # result events after the cursor are left (hand out again at once)
+    retry_in_s: float | None = None  # when nothing was handed out: the next PENDING one is due
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +389,8 @@ async def lease(
         sub_seen, probe = seen
         full = probe.in_flight >= sub_seen.max_in_flight
         if probe.idle(sub_seen.after_seq) or (full and not probe.expired):
-            return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight)
+            return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight,
+                              retry_in_s=None if full else probe.retry_in_s)  # fmt: skip
 
     async def run(tx: Tx) -> LeaseBatch:
         sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now)

@@ -150,7 +150,11 @@ class StreamStats:
 class StreamOptions:
     ping_interval_s: float = 20.0
     idle_timeout_s: float = 60.0
-    poll_s: float = 0.5  # re-check for due deliveries at least this often when idle
+    #: Safety re-check when idle and nothing else wakes the stream (a redelivery made due on
+    #: another node). New result events wake it at once (the node's delivery loop watches
+    #: the namespace's stream row), and so do its own lease ends and its next PENDING
+    #: delivery's due time.
+    poll_s: float = 2.0
 
 
 @dataclass
@@ -226,7 +230,10 @@ class StreamConnection:
     # -- tasks
 
     async def _feed(self) -> None:
-        """Lease into free slots; wait for a wake-up or the poll interval when idle."""
+        """Lease into free slots; when idle, wait for a wake-up (new result events, a nack or
+        release on this node), the next due time the hand-out reported, this connection's
+        earliest lease end, or the safety re-check — no statement per tick."""
+        retry_in: float | None = None
         while True:
             self._wake.clear()
             self._expire_local()
@@ -249,15 +256,23 @@ class StreamConnection:
                 self.stats.leased += len(batch.deliveries)
                 self.stats.max_unacked = max(self.stats.max_unacked, len(self.unacked))
                 self._note_queue()
+                retry_in = batch.retry_in_s
                 if batch.deliveries or batch.behind:
                     continue
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
             # cancellation that lands as the event is set, and this task would never end.
-            # Idle streams poll on a tick shared by the process (the next multiple of
-            # poll_s on the monotonic clock), so their probes go out together as one
-            # statement (delivery_pump.LeaseProbes) instead of one each.
+            # The safety re-check runs on a tick shared by the process (the next multiple of
+            # poll_s on the monotonic clock), so the probes of idle streams go out together
+            # as one statement (delivery_pump.LeaseProbes) instead of one each.
+            wait = _until_tick(self.options.poll_s)
+            if retry_in is not None:
+                wait = min(wait, retry_in + 0.005)
+            if self.unacked:  # one of ours expires: the hand-out reclaims and redelivers it
+                ends = min(h.deadline for h in self.unacked.values()) - time.monotonic()
+                wait = min(wait, max(0.0, ends) + 0.005)
+            retry_in = None
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_until_tick(self.options.poll_s)):
+                async with asyncio.timeout(wait):
                     await self._wake.wait()
 
     def _expire_local(self) -> None:

@@ -193,7 +193,11 @@ SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_
   + (SELECT COALESCE(SUM(r.open_n), 0)
      FROM orbit_delivery_ranges r FORCE INDEX (ix_orbit_delivery_ranges_open)
      WHERE r.namespace_id = s.namespace_id AND r.subscription_id = s.id
-       AND r.state = 'LEASED') AS in_flight
+       AND r.state = 'LEASED') AS in_flight,
+  (SELECT MIN(d.next_at) FROM orbit_deliveries d FORCE INDEX (ix_orbit_deliveries_due)
+   WHERE d.namespace_id = s.namespace_id AND d.subscription_id = s.id
+     AND d.state = 'PENDING') AS next_due,
+  UTC_TIMESTAMP(6) AS db_now
 FROM orbit_subscriptions s
 LEFT JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
 WHERE /*keys*/

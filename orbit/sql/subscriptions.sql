@@ -74,6 +74,14 @@ WHERE s.after_seq < e.last_seq
 ORDER BY s.namespace_id, s.id
 LIMIT %(limit)s
 
+-- name: subscription_stream_tops
+-- The result stream position of the namespaces this node's consumers watch: one primary-key
+-- read a delivery-loop round, whatever the number of streams (the loop wakes the consumers
+-- of a namespace whose position moved; nothing polls per stream).
+SELECT namespace_id, last_seq
+FROM orbit_event_streams
+WHERE namespace_id IN %(namespace_ids)s
+
 -- name: subscription_list_page
 -- Every subscription, in (namespace_id, id) order after a key, for the lease-expiry sweep.
 SELECT namespace_id, id

@@ -165,6 +165,9 @@ class LeaseProbe(msgspec.Struct, frozen=True, kw_only=True):
     due: bool  # a PENDING delivery is due now
     expired: bool  # a LEASED delivery's lease has ended
     in_flight: int  # LEASED deliveries
+    #: Seconds until the earliest PENDING delivery is due (database clock), None when none
+    #: is waiting: a consumer with nothing else to do sleeps that long, no longer.
+    retry_in_s: float | None = None
 
     def idle(self, after_seq: int) -> bool:
         """Nothing to pump, hand out or reclaim."""
@@ -193,8 +196,11 @@ async def delivery_lease_probe_many(
     rows = await tx.fetchall(Q.delivery_lease_probe_many.replace("/*keys*/", where), args)
     out: dict[tuple[bytes, bytes], tuple[Any, LeaseProbe]] = {}
     for row in rows:
+        due_at = row.get("next_due")
+        retry = None if due_at is None else max(0.0, (due_at - row["db_now"]).total_seconds())
         probe = LeaseProbe(last_seq=int(row["last_seq"]), due=bool(row["due"]),
-                           expired=bool(row["expired"]), in_flight=int(row["in_flight"]))  # fmt: skip
+                           expired=bool(row["expired"]), in_flight=int(row["in_flight"]),
+                           retry_in_s=retry)  # fmt: skip
         out[(row["namespace_id"], row["id"])] = (msgspec.convert(row, SubscriptionRow), probe)
     return out
 

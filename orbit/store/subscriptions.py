@@ -5,6 +5,7 @@ Each function runs one query in the caller's transaction and returns a typed row
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -126,6 +127,16 @@ async def subscription_list_behind(tx: Tx, limit: int) -> list[BehindRow]:
     """Subscriptions (all namespaces) with result events past their scan position."""
     rows = await tx.fetchall(Q.subscription_list_behind, {"limit": limit})
     return [msgspec.convert(r, BehindRow) for r in rows]
+
+
+async def subscription_stream_tops(tx: Tx, namespace_ids: Sequence[bytes]) -> dict[bytes, int]:
+    """``last_seq`` of each namespace's result stream (absent: no result event yet)."""
+    if not namespace_ids:
+        return {}
+    rows = await tx.fetchall(
+        Q.subscription_stream_tops, {"namespace_ids": tuple(sorted(set(namespace_ids)))}
+    )
+    return {bytes(r["namespace_id"]): int(r["last_seq"]) for r in rows}
 
 
 async def subscription_list_page(

@@ -111,3 +111,31 @@ async def test_many_connections_and_pulls_keep_max_in_flight(
         assert [i["seq"] for i in items] == list(range(1, EVENTS + 1))
         assert all(i["attempts"] == 1 for i in items)
         assert applied  # the pulls took part
+
+
+async def test_new_events_wake_an_idle_stream_without_polling(db: Database) -> None:
+    """With the safety re-check a minute away, an idle stream still gets a new event at
+    once: the node's loop sees the namespace's stream row move and wakes it. And a nacked
+    delivery comes back when its backoff ends (the hand-out said when), not a minute later."""
+    live = await LiveServer(db, options=StreamOptions(poll_s=60.0)).start()
+    try:
+        t = await make_tenant(db)
+        base = f"/v1/namespaces/{t.namespace}"
+        async with httpx.AsyncClient(base_url=live.base_url, timeout=30) as http:
+            r = await http.put(f"{base}/subscriptions/s", headers=t.auth,
+                               json={"start": "latest"})  # fmt: skip
+            assert r.status_code == 201, r.text
+        async with connect(f"{live.ws_base}{base}/subscriptions/s/stream",
+                           additional_headers=t.auth) as ws:  # fmt: skip
+            await asyncio.sleep(0.3)  # the stream is idle now, waiting
+            await append_results(db, t.namespace_id, 1)
+            async with asyncio.timeout(10):  # a minute without the wake
+                frame = json.loads(await ws.recv())
+            assert frame["type"] == "delivery" and frame["seq"] == 1
+            await ws.send(json.dumps({"type": "nack", "delivery_id": frame["delivery_id"],
+                                      "proof": frame["proof"], "retry_after_ms": 300}))  # fmt: skip
+            async with asyncio.timeout(10):
+                again = json.loads(await ws.recv())
+            assert again["delivery_id"] == frame["delivery_id"] and again["attempt"] == 2
+    finally:
+        await live.stop()

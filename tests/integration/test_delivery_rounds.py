@@ -16,6 +16,7 @@ from orbit import deliveries, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
 from orbit.deliveries import AckItem, AckResult, StaleProof
 from orbit.errors import NotFound
+from orbit.ids import new_id
 from orbit.rounds import NodeRound
 from orbit.storage import Database
 from orbit.storage import db as storage_db
@@ -175,3 +176,36 @@ async def test_open_delivery_counts_see_slots_and_events_not_handed_out(db: Data
     await deliveries.nack(db, t.namespace_id, batch[0].delivery_id, batch[0].proof, 60_000)
     await deliveries.ack(db, t.namespace_id, batch[1].delivery_id, batch[1].proof)
     assert await counts() == {"PENDING": 7, "LEASED": 2, "EXHAUSTED": 0}
+
+
+async def test_wake_round_is_one_read_whatever_the_streams(db: Database) -> None:
+    """The delivery loop wakes consumers of namespaces whose result stream moved: no
+    statement without consumers, ONE primary-key read with 40 of them, and only the
+    namespaces with new events are woken."""
+    from orbit.delivery_loop import DeliveryHub, DeliveryLoop
+
+    tenants = [await make_tenant(db) for _ in range(4)]
+    hub = DeliveryHub()
+    loop = DeliveryLoop(db, hub=hub, sweep_interval_s=3600.0)
+    loop._last_sweep = float("inf")  # this test is about the wake round only
+    with recorded() as rec:
+        await loop.run_once()
+    assert list(rec) == []  # nobody watches: nothing is read
+    watchers = {}
+    for t in tenants:
+        for i in range(10):
+            watchers[(t.namespace_id, i)] = hub.watch(t.namespace_id, new_id())
+    with recorded() as rec:
+        first = await loop.run_once()
+    assert len(rec) == 1 and first.behind == 4  # first sight of each namespace: wake all
+    for ev in watchers.values():
+        ev.clear()
+    await append_results(db, tenants[2].namespace_id, 3)
+    with recorded() as rec:
+        rnd = await loop.run_once()
+    assert len(rec) == 1 and rnd.behind == 1
+    woken = {ns for (ns, _), ev in watchers.items() if ev.is_set()}
+    assert woken == {tenants[2].namespace_id}
+    with recorded() as rec:
+        quiet = await loop.run_once()
+    assert len(rec) == 1 and quiet.behind == 0
