@@ -55,6 +55,23 @@ class DeliveryHub:
         self._probes: delivery_pump.LeaseProbes | None = None
         self._acks: NodeRound[AckItem, AckResult] | None = None
         self._acks_db: Database | None = None
+        self._handouts: NodeRound[delivery_pump.LeaseAsk, delivery_pump.LeaseBatch] | None = None
+        self._handouts_db: Database | None = None
+
+    def hand_out_round(
+        self, db: Database
+    ) -> NodeRound[delivery_pump.LeaseAsk, delivery_pump.LeaseBatch]:
+        """This process's node round of hand-outs on ``db`` (created on first use): the
+        hand-outs of every stream and pull that ask while one round's transaction is in
+        flight go together into the next (:func:`delivery_pump.lease_round`)."""
+        if self._handouts is None or self._handouts_db is not db:
+            self._handouts_db = db
+            self._handouts = NodeRound(
+                lambda asks: delivery_pump.lease_round(db, asks),
+                max_items=256,
+                name="delivery-hand-outs",
+            )
+        return self._handouts
 
     def ack_round(self, db: Database) -> NodeRound[AckItem, AckResult]:
         """This process's node round of acks on ``db`` (created on first use): the acks of

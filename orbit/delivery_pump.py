@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,9 +34,10 @@ from typing import Any
 from orbit import delivery_ranges as dr
 from orbit import delivery_slots
 from orbit.deliveries import DeliveryState, Leased, after_failure, backoff_ms
-from orbit.errors import Conflict, NotFound
+from orbit.errors import Conflict, NotFound, OrbitError
 from orbit.events import ResultEvent, read_result_events
 from orbit.ids import digest, id_hex, new_id, new_secret
+from orbit.rounds import NodeRound
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
 from orbit.store import delivery_ranges as range_store
@@ -350,6 +352,65 @@ class LeaseProbes:
                         f.set_result(seen.get(k))
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseAsk:
+    """One consumer's hand-out request in a node round (:func:`lease_round`)."""
+
+    namespace_id: bytes
+    subscription_id: bytes
+    want: int
+
+
+async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch | OrbitError]:
+    """The hand-outs of every consumer of this node that asked while the previous round ran,
+    across namespaces and subscriptions, in ONE transaction: the subscription rows locked in
+    one statement ((namespace, id) order), then each subscription's reclaim and hand-out
+    with their statements sent together (one round trip per step for all of them). Several
+    asks of one subscription share its room: each gets its ``want`` in order. Per ask, its
+    :class:`LeaseBatch` or NotFound for a gone subscription."""
+    if not asks:
+        return []
+    keys = sorted({(a.namespace_id, a.subscription_id) for a in asks})
+    wants: dict[tuple[bytes, bytes], int] = {}
+    for a in asks:
+        k = (a.namespace_id, a.subscription_id)
+        wants[k] = wants.get(k, 0) + max(0, a.want)
+
+    async def run(tx: Tx) -> list[LeaseBatch | OrbitError]:
+        subs, at = await tx.pipeline(
+            sub_store.subscription_lock_keys(tx, keys), store.delivery_clock_now(tx)
+        )
+        locked = [s for s in subs if (s.namespace_id, s.id) in wants]
+        done = await tx.pipeline(*(_lease_locked(tx, s, wants[(s.namespace_id, s.id)], at)
+                                   for s in locked))  # fmt: skip
+        batches = {(s.namespace_id, s.id): b for s, b in zip(locked, done, strict=True)}
+        out: list[LeaseBatch | OrbitError] = []
+        taken: dict[tuple[bytes, bytes], int] = {}
+        for a in asks:
+            k = (a.namespace_id, a.subscription_id)
+            got = batches.get(k)
+            if got is None:
+                out.append(NotFound("subscription"))
+                continue
+            start = taken.get(k, 0)
+            taken[k] = start + max(0, a.want)
+            out.append(LeaseBatch(subscription=got.subscription,
+                                  deliveries=got.deliveries[start : taken[k]],
+                                  in_flight=got.in_flight, behind=got.behind))  # fmt: skip
+        return out
+
+    return await db.transaction(run)
+
+
+async def _lease_locked(tx: Tx, sub: SubscriptionRow, want: int, at: datetime) -> LeaseBatch:
+    """Reclaim, then hand out, for ``sub`` whose row this transaction holds."""
+    await reclaim_locked(tx, sub, at)
+    if want <= 0:
+        return LeaseBatch(subscription=sub, deliveries=[], in_flight=await in_flight_locked(tx, sub))
+    out, in_flight, behind = await hand_out_locked(tx, sub, want, at)
+    return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight, behind=behind)
+
+
 async def lease(
     db: Database,
     namespace_id: bytes,
@@ -358,6 +419,7 @@ async def lease(
     *,
     now: datetime | None = None,
     probes: LeaseProbes | None = None,
+    rounds: NodeRound[LeaseAsk, LeaseBatch] | None = None,
 ) -> LeaseBatch:
     """Hand out up to ``want`` deliveries of one subscription in one transaction.
 
@@ -368,7 +430,9 @@ async def lease(
     On the database clock (``now`` None) a non-locking probe runs first and the call returns
     no deliveries without locking anything when there is nothing to hand out or reclaim, or
     when ``max_in_flight`` is reached with nothing to reclaim. With ``probes`` the probe is
-    coalesced with other consumers' (:class:`LeaseProbes`).
+    coalesced with other consumers' (:class:`LeaseProbes`); with ``rounds`` (the node's
+    round of hand-outs, :func:`lease_round`) the hand-out shares one transaction with every
+    other consumer's of this node that asked meanwhile.
     """
 
     if now is None:
@@ -391,17 +455,14 @@ async def lease(
         if probe.idle(sub_seen.after_seq) or (full and not probe.expired):
             return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight,
                               retry_in_s=None if full else probe.retry_in_s)  # fmt: skip
+        if rounds is not None:
+            return await rounds.submit(LeaseAsk(namespace_id, subscription_id, want))
 
     async def run(tx: Tx) -> LeaseBatch:
         sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now)
         if sub is None:
             raise NotFound("subscription")
-        await reclaim_locked(tx, sub, at)
-        if want <= 0:
-            in_flight = await in_flight_locked(tx, sub)
-            return LeaseBatch(subscription=sub, deliveries=[], in_flight=in_flight)
-        out, in_flight, behind = await hand_out_locked(tx, sub, want, at)
-        return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight, behind=behind)
+        return await _lease_locked(tx, sub, want, at)
 
     return await db.transaction(run)
 

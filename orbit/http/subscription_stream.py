@@ -214,6 +214,7 @@ class StreamConnection:
         self._wake = hub.watch(sub.namespace_id, sub.id)
         self._probes = hub.lease_probes(db)
         self._acks_round = hub.ack_round(db)
+        self._handouts = hub.hand_out_round(db)
         self._last_received = time.monotonic()
         self._last_sent = time.monotonic()
 
@@ -243,8 +244,9 @@ class StreamConnection:
             )
             if room > 0:
                 batch = await delivery_pump.lease(
-                    self.db, self.namespace_id, self.sub.id, room, probes=self._probes
-                )
+                    self.db, self.namespace_id, self.sub.id, room, probes=self._probes,
+                    rounds=self._handouts,
+                )  # fmt: skip
                 self.max_in_flight = min(
                     batch.subscription.max_in_flight, self.capacity - CONTROL_SLOTS
                 )

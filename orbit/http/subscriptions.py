@@ -209,7 +209,10 @@ async def pull(request: Request) -> Response:
     try:
         while True:
             wake.clear()
-            batch = await delivery_pump.lease(db, sub.namespace_id, sub.id, body.max)
+            batch = await delivery_pump.lease(
+                db, sub.namespace_id, sub.id, body.max,
+                probes=hub.lease_probes(db), rounds=hub.hand_out_round(db),
+            )  # fmt: skip
             remaining = deadline - time.monotonic()
             if batch.deliveries or remaining <= 0:
                 break

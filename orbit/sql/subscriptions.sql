@@ -31,6 +31,17 @@ FROM orbit_subscriptions
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 FOR UPDATE
 
+-- name: subscription_lock_keys
+-- A node round of hand-outs: the subscriptions of several namespaces locked in ONE
+-- statement, in (namespace, id) order (the keys marker becomes one
+-- (namespace_id = ? AND id IN (…)) group per namespace, OR-ed).
+SELECT namespace_id, id, name, filter, start_spec, after_seq, ack_timeout_ms, max_deliveries,
+  max_in_flight, revision, created_at, updated_at
+FROM orbit_subscriptions
+WHERE /*keys*/
+ORDER BY namespace_id, id
+FOR UPDATE
+
 -- name: subscription_lock_skip_locked
 -- The background loop's lock: a subscription another node (or a consumer) is working on
 -- right now is skipped, not waited for.

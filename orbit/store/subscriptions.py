@@ -93,6 +93,20 @@ async def subscription_delete_if_revision(
     return n == 1
 
 
+async def subscription_lock_keys(
+    tx: Tx, keys: Sequence[tuple[bytes, bytes]]
+) -> list[SubscriptionRow]:
+    """Lock the subscriptions of (namespace_id, id) ``keys`` — any namespaces — in ONE
+    statement, in (namespace, id) order; gone ones are absent."""
+    from orbit.store.deliveries import namespace_groups
+
+    if not keys:
+        return []
+    where, args = namespace_groups(keys)
+    rows = await tx.fetchall(Q.subscription_lock_keys.replace("/*keys*/", where), args)
+    return [msgspec.convert(r, SubscriptionRow) for r in rows]
+
+
 async def subscription_insert(tx: Tx, row: dict[str, Any]) -> None:
     """Insert a new subscription (revision 1). Raises DuplicateKey(NAME_CONSTRAINT)."""
     await tx.execute(Q.subscription_insert, row)

@@ -18,7 +18,7 @@ from orbit.deliveries import AckItem, AckResult, StaleProof
 from orbit.errors import NotFound
 from orbit.ids import new_id
 from orbit.rounds import NodeRound
-from orbit.storage import Database
+from orbit.storage import Database, Tx
 from orbit.storage import db as storage_db
 from orbit.subscriptions import SubscriptionPut
 
@@ -209,3 +209,44 @@ async def test_wake_round_is_one_read_whatever_the_streams(db: Database) -> None
     with recorded() as rec:
         quiet = await loop.run_once()
     assert len(rec) == 1 and quiet.behind == 0
+
+
+async def test_hand_out_round_spans_namespaces_in_one_transaction(db: Database) -> None:
+    """One node round hands out for several subscriptions of several namespaces: their rows
+    locked in ONE statement, one range row each, two asks of one subscription sharing its
+    room without overlap, a gone subscription answered alone."""
+    a, b = await make_tenant(db), await make_tenant(db)
+    sa, sb = await _sub(db, a), await _sub(db, b, max_in_flight=5)
+    await append_results(db, a.namespace_id, 4)
+    await append_results(db, b.namespace_id, 9)
+    asks = [
+        delivery_pump.LeaseAsk(a.namespace_id, sa.id, 10),
+        delivery_pump.LeaseAsk(b.namespace_id, sb.id, 3),
+        delivery_pump.LeaseAsk(b.namespace_id, sb.id, 3),  # a second consumer of sb
+        delivery_pump.LeaseAsk(b.namespace_id, new_id(), 3),
+    ]
+    with recorded() as rec:
+        out = await delivery_pump.lease_round(db, asks)
+    locks = [s for s in rec if "FROM orbit_subscriptions" in s and "FOR UPDATE" in s]
+    assert len(locks) == 1, locks
+    async def ranges(tx: Tx) -> list[int]:
+        rows = await tx.fetchall(
+            "SELECT n FROM orbit_delivery_ranges WHERE namespace_id IN (%s, %s) ORDER BY n",
+            (a.namespace_id, b.namespace_id),
+        )
+        return [int(r["n"]) for r in rows]
+
+    assert await db.read(ranges) == [4, 5]  # one range per subscription
+    got_a, got_b1, got_b2, gone = out
+    assert isinstance(gone, NotFound)
+    assert [d.seq for d in got_a.deliveries] == [1, 2, 3, 4]
+    assert [d.seq for d in got_b1.deliveries] == [1, 2, 3]
+    assert [d.seq for d in got_b2.deliveries] == [4, 5]  # max_in_flight 5 across both asks
+    assert got_b2.in_flight == 5
+    outcomes = await deliveries.ack_round(
+        db,
+        [AckItem(a.namespace_id, d.delivery_id, d.proof) for d in got_a.deliveries]
+        + [AckItem(b.namespace_id, d.delivery_id, d.proof)
+           for d in got_b1.deliveries + got_b2.deliveries],
+    )  # fmt: skip
+    assert all(isinstance(o, AckResult) and o.outcome == "applied" for o in outcomes)
