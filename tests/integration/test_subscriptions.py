@@ -547,3 +547,47 @@ async def test_earliest_on_a_big_namespace_materialises_nothing(db: Database) ->
     got = await _seqs(db, t, subs[7].id, 100)
     assert got == list(range(1, 101))
     assert await db.read(counts) == (0, 1)
+
+
+async def test_rows_from_before_ranges_are_served_as_exceptions(db: Database) -> None:
+    """Deliveries written one row per event (before delivery ranges) keep working: a LEASED
+    row is acked with its plain proof, a PENDING row is handed out before new events, and
+    the events after the cursor come as a range."""
+    from orbit.ids import digest, new_secret
+
+    t = await make_tenant(db)
+    row, *_ = await _put(db, t, start="earliest")
+    events = await append_results(db, t.namespace_id, 2)
+    await append_results(db, t.namespace_id, 2)  # seq 3, 4: after the old pump position
+    old_proof = new_secret(24)
+
+    async def legacy(tx: Tx) -> None:
+        now = await dstore.delivery_clock_now(tx)
+        base = {"namespace_id": t.namespace_id, "subscription_id": row.id, "budget": 5,
+                "acked_at": None, "revision": 1, "created_at": now, "updated_at": now}  # fmt: skip
+        await dstore.delivery_insert_many(tx, [
+            {**base, "id": new_id(), "seq": events[0], "event_id": new_id(), "state": "LEASED",
+             "proof_digest": digest(old_proof), "attempts": 1, "lease_expires_at": now + ms(60_000),
+             "next_at": now + ms(60_000)},
+            {**base, "id": new_id(), "seq": events[1], "event_id": new_id(), "state": "PENDING",
+             "proof_digest": None, "attempts": 0, "lease_expires_at": None, "next_at": now},
+        ])  # fmt: skip
+        assert await sub_store.subscription_advance_if_position(tx, t.namespace_id, row.id, 0, 2)
+
+    await db.transaction(legacy)
+    (leased,) = await deliveries.list_history(
+        db, t.namespace_id, row.id, state="LEASED", after_seq=0, limit=10
+    )
+    batch = await delivery_pump.lease(db, t.namespace_id, row.id, 10)
+    assert [d.seq for d in batch.deliveries] == [2, 3, 4]  # the old PENDING one first
+    assert [d.attempt for d in batch.deliveries] == [1, 1, 1]
+    assert not batch.deliveries[0].proof.startswith("d1.")  # a row: a plain proof
+    assert all(d.proof.startswith("d1.") for d in batch.deliveries[1:])  # a range
+    done = await deliveries.ack(db, t.namespace_id, leased.id, old_proof)
+    assert done.outcome == "applied"
+    outcomes = await deliveries.ack_many(
+        db, t.namespace_id, [(d.delivery_id, d.proof) for d in batch.deliveries]
+    )
+    assert outcomes == ["applied"] * 3
+    _, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s")
+    assert (backlog.acked, backlog.in_flight, backlog.pending) == (4, 0, 0)
