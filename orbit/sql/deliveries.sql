@@ -37,13 +37,13 @@ FOR UPDATE
 
 -- name: delivery_lock_keys
 -- A node round's locking read: the deliveries of several namespaces by primary key, in
--- (namespace, id) order (two rounds never wait on each other in a cycle). The keys marker
--- becomes one (namespace_id = ? AND id IN (…)) group per namespace, OR-ed
--- (store.deliveries.namespace_groups).
+-- (namespace, id) order (two rounds never wait on each other in a cycle). The one
+-- (namespace_id, id IN …) group written here becomes one group per namespace, OR-ed
+-- (store.deliveries.expand_keys).
 SELECT namespace_id, id, subscription_id, seq, event_id, state, proof_digest, attempts, budget,
   lease_expires_at, next_at, acked_at, revision, created_at, updated_at
 FROM orbit_deliveries
-WHERE /*keys*/
+WHERE ((namespace_id = %s AND id IN (/*ids*/)))
 ORDER BY namespace_id, id
 FOR UPDATE
 
@@ -53,7 +53,7 @@ FOR UPDATE
 UPDATE orbit_deliveries
 SET state = 'ACKED', acked_at = %s, lease_expires_at = NULL,
   revision = revision + 1, updated_at = %s
-WHERE /*keys*/ AND state <> 'ACKED' AND revision = /*revisions*/
+WHERE ((namespace_id = %s AND id IN (/*ids*/))) AND state <> 'ACKED' AND revision = /*revisions*/
 
 -- name: deliveries_lease
 -- One hand-out's leases in ONE statement: a new proof digest per row (CASE id), one more
@@ -61,7 +61,8 @@ WHERE /*keys*/ AND state <> 'ACKED' AND revision = /*revisions*/
 UPDATE orbit_deliveries
 SET state = 'LEASED', proof_digest = /*digests*/, attempts = attempts + 1,
   lease_expires_at = %s, next_at = %s, revision = revision + 1, updated_at = %s
-WHERE /*keys*/ AND state = 'PENDING' AND attempts < budget AND revision = /*revisions*/
+WHERE ((namespace_id = %s AND id IN (/*ids*/)))
+  AND state = 'PENDING' AND attempts < budget AND revision = /*revisions*/
 
 -- name: delivery_count_leased
 -- Deliveries handed out and not yet settled. Only the holder of the subscription row lock
@@ -173,8 +174,8 @@ WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 -- whether a PENDING delivery is due or a lease has expired (a row's or a range's), and how
 -- many are leased (LEASED rows plus open slots of LEASED ranges). When there is nothing to
 -- hand out or reclaim, the hand-out ends here instead of locking the subscription row.
--- The keys marker is one (s.namespace_id = ? AND s.id IN (…)) group per namespace, OR-ed:
--- primary-key ranges of orbit_subscriptions; the subqueries are index-only ranges.
+-- The one (namespace_id, id IN …) group written here becomes one group per namespace, OR-ed
+-- (store.deliveries.expand_keys): primary-key ranges of orbit_subscriptions; the subqueries are index-only ranges.
 SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_timeout_ms,
   s.max_deliveries, s.max_in_flight, s.revision, s.created_at, s.updated_at,
   COALESCE(e.last_seq, 0) AS last_seq,
@@ -200,4 +201,4 @@ SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_
   UTC_TIMESTAMP(6) AS db_now
 FROM orbit_subscriptions s
 LEFT JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
-WHERE /*keys*/
+WHERE ((s.namespace_id = %s AND s.id IN (/*ids*/)))

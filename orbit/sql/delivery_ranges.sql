@@ -1,9 +1,9 @@
 -- Delivery ranges (orbit_delivery_ranges): one row per hand-out of first-time deliveries of a
 -- subscription, with per-slot delivery ids, event ids, proof digests and ack times packed
 -- (orbit/delivery_ranges.py explains the layout). States: LEASED, DONE, RECLAIMED. Every
--- query filters namespace_id first. Statements of a node round that span namespaces have a
--- keys marker the store replaces with one (namespace_id = ? AND id IN (…)) group per
--- namespace, OR-ed; per-row values and guards are CASE id WHEN … THEN … END.
+-- query filters namespace_id first. Statements of a node round that span namespaces are written
+-- with one (namespace_id, id IN …) group that the store repeats per namespace, OR-ed
+-- (store.deliveries.expand_keys); per-row values and guards are CASE id WHEN … THEN … END.
 
 -- name: range_insert_many
 INSERT INTO orbit_delivery_ranges
@@ -21,7 +21,7 @@ SELECT namespace_id, id, subscription_id, id_bucket, seq_lo, seq_hi, n, seqs, ev
   delivery_ids, proof_digests, acked_us, moved, open_n, acked_n, state, budget,
   lease_expires_at, revision, created_at, updated_at
 FROM orbit_delivery_ranges
-WHERE /*keys*/
+WHERE ((namespace_id = %s AND id IN (/*ids*/)))
 ORDER BY namespace_id, id
 FOR UPDATE
 
@@ -31,7 +31,7 @@ FOR UPDATE
 UPDATE orbit_delivery_ranges
 SET acked_us = /*acked_us*/, moved = /*moved*/, open_n = /*open_n*/, acked_n = /*acked_n*/,
   state = /*state*/, revision = revision + 1, updated_at = %s
-WHERE /*keys*/ AND revision = /*revisions*/
+WHERE ((namespace_id = %s AND id IN (/*ids*/))) AND revision = /*revisions*/
 
 -- name: range_in_flight
 -- Open slots of a subscription's LEASED ranges (index range of ix_orbit_delivery_ranges_open;

@@ -33,12 +33,12 @@ FOR UPDATE
 
 -- name: subscription_lock_keys
 -- A node round of hand-outs: the subscriptions of several namespaces locked in ONE
--- statement, in (namespace, id) order (the keys marker becomes one
--- (namespace_id = ? AND id IN (…)) group per namespace, OR-ed).
+-- statement, in (namespace, id) order (the one (namespace_id, id IN …) group written
+-- here becomes one group per namespace, OR-ed: store.deliveries.expand_keys).
 SELECT namespace_id, id, name, filter, start_spec, after_seq, ack_timeout_ms, max_deliveries,
   max_in_flight, revision, created_at, updated_at
 FROM orbit_subscriptions
-WHERE /*keys*/
+WHERE ((namespace_id = %s AND id IN (/*ids*/)))
 ORDER BY namespace_id, id
 FOR UPDATE
 

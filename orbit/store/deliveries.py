@@ -104,6 +104,19 @@ def namespace_groups(
     return "(" + " OR ".join(parts) + ")", args
 
 
+def expand_keys(
+    sql: str, keys: Iterable[tuple[bytes, bytes]], alias: str = ""
+) -> tuple[str, list[Any]]:
+    """``sql`` with its one ``(namespace_id = %s AND id IN (/*ids*/))`` group (as written in
+    the .sql file) repeated for every namespace of ``keys`` and OR-ed; the arguments of
+    that part, in order."""
+    group = f"({alias}namespace_id = %s AND {alias}id IN (/*ids*/))"
+    if group not in sql:
+        raise ValueError("query has no namespace group")
+    where, args = namespace_groups(keys, alias=alias)
+    return sql.replace(group, where[1:-1], 1), args
+
+
 def case_by_id(values: Sequence[tuple[bytes, Any]], column: str = "id") -> tuple[str, list[Any]]:
     """``CASE id WHEN %s THEN %s … END`` (the per-row value or guard of a multi-row UPDATE)."""
     args: list[Any] = []
@@ -117,8 +130,7 @@ async def delivery_lock_keys(tx: Tx, keys: Sequence[tuple[bytes, bytes]]) -> lis
     statement, in (namespace, id) order; missing ones are absent."""
     if not keys:
         return []
-    where, args = namespace_groups(keys)
-    sql = Q.delivery_lock_keys.replace("/*keys*/", where)
+    sql, args = expand_keys(Q.delivery_lock_keys, keys)
     return _rows(await tx.fetchall(sql, args))
 
 
@@ -127,9 +139,9 @@ async def deliveries_ack(tx: Tx, rows: Sequence[DeliveryRow], *, now: datetime) 
     guarded UPDATE; return the matched count, which must be ``len(rows)``."""
     if not rows:
         return 0
-    where, where_args = namespace_groups((r.namespace_id, r.id) for r in rows)
+    sql, where_args = expand_keys(Q.deliveries_ack, [(r.namespace_id, r.id) for r in rows])
     guard, guard_args = case_by_id([(r.id, r.revision) for r in rows])
-    sql = Q.deliveries_ack.replace("/*keys*/", where).replace("/*revisions*/", guard)
+    sql = sql.replace("/*revisions*/", guard)
     return await tx.execute(sql, [now, now, *where_args, *guard_args])
 
 
@@ -146,14 +158,10 @@ async def deliveries_lease(
     a row moved on, which its lock rules out)."""
     if not rows:
         return 0
-    where, where_args = namespace_groups((r.namespace_id, r.id) for r in rows)
+    sql, where_args = expand_keys(Q.deliveries_lease, [(r.namespace_id, r.id) for r in rows])
     digests, digest_args = case_by_id([(r.id, d) for r, d in zip(rows, proof_digests, strict=True)])
     guard, guard_args = case_by_id([(r.id, r.revision) for r in rows])
-    sql = (
-        Q.deliveries_lease.replace("/*digests*/", digests)
-        .replace("/*keys*/", where)
-        .replace("/*revisions*/", guard)
-    )
+    sql = sql.replace("/*digests*/", digests).replace("/*revisions*/", guard)
     args = [*digest_args, lease_expires_at, lease_expires_at, now, *where_args, *guard_args]
     return await tx.execute(sql, args)
 
@@ -192,8 +200,8 @@ async def delivery_lease_probe_many(
 
     if not keys:
         return {}
-    where, args = namespace_groups(keys, alias="s.")
-    rows = await tx.fetchall(Q.delivery_lease_probe_many.replace("/*keys*/", where), args)
+    sql, args = expand_keys(Q.delivery_lease_probe_many, keys, alias="s.")
+    rows = await tx.fetchall(sql, args)
     out: dict[tuple[bytes, bytes], tuple[Any, LeaseProbe]] = {}
     for row in rows:
         due_at = row.get("next_due")

@@ -14,7 +14,7 @@ import msgspec
 
 from orbit.delivery_ranges import Slots
 from orbit.storage import Tx, load_queries
-from orbit.store.deliveries import case_by_id, namespace_groups
+from orbit.store.deliveries import case_by_id, expand_keys
 
 Q = load_queries(__file__, "delivery_ranges")
 
@@ -66,8 +66,8 @@ async def range_lock_keys(tx: Tx, keys: Sequence[tuple[bytes, bytes]]) -> list[R
     in (namespace, id) order; missing ones are absent."""
     if not keys:
         return []
-    where, args = namespace_groups(keys)
-    return _rows(await tx.fetchall(Q.range_lock_keys.replace("/*keys*/", where), args))
+    sql, args = expand_keys(Q.range_lock_keys, keys)
+    return _rows(await tx.fetchall(sql, args))
 
 
 async def range_update_many(
@@ -77,8 +77,7 @@ async def range_update_many(
     (must be ``len(changes)``)."""
     if not changes:
         return 0
-    where, where_args = namespace_groups((r.namespace_id, r.id) for r, _ in changes)
-    sql = Q.range_update_many.replace("/*keys*/", where)
+    sql, where_args = expand_keys(Q.range_update_many, [(r.namespace_id, r.id) for r, _ in changes])
     args: list[Any] = []
     for marker, values in (
         ("acked_us", [(r.id, s.acked_blob()) for r, s in changes]),

@@ -98,12 +98,12 @@ async def subscription_lock_keys(
 ) -> list[SubscriptionRow]:
     """Lock the subscriptions of (namespace_id, id) ``keys`` — any namespaces — in ONE
     statement, in (namespace, id) order; gone ones are absent."""
-    from orbit.store.deliveries import namespace_groups
+    from orbit.store.deliveries import expand_keys
 
     if not keys:
         return []
-    where, args = namespace_groups(keys)
-    rows = await tx.fetchall(Q.subscription_lock_keys.replace("/*keys*/", where), args)
+    sql, args = expand_keys(Q.subscription_lock_keys, keys)
+    rows = await tx.fetchall(sql, args)
     return [msgspec.convert(r, SubscriptionRow) for r in rows]
 
 

@@ -132,8 +132,7 @@ async def test_hand_out_counts_read_one_subscription_range_not_the_namespace(
         assert "Using index" in str(plan["Extra"]), (name, plan)  # index-only: no row reads
     # The ack round's locking read, two namespaces in one statement: primary-key ranges.
     keys = [(t.namespace_id, new_id()) for _ in range(3)] + [(new_id(), new_id())]
-    where, where_args = dstore.namespace_groups(keys)
-    sql = dstore.Q.delivery_lock_keys.replace("/*keys*/", where)
+    sql, where_args = dstore.expand_keys(dstore.Q.delivery_lock_keys, keys)
 
     async def plan_of(tx: Tx) -> list[dict[str, object]]:
         return list(await tx.fetchall("EXPLAIN " + sql, where_args))
