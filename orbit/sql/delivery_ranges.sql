@@ -42,7 +42,9 @@ WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
   AND state = 'LEASED'
 
 -- name: range_list_expired_for_update
--- LEASED ranges whose lease ended, oldest first.
+-- LEASED ranges whose lease ended, oldest first. SKIP LOCKED: a range an ack round holds
+-- right now is left for the next sweep, so the sweep never waits on (or deadlocks with) a
+-- round that locks ranges in key order.
 SELECT namespace_id, id, subscription_id, id_bucket, seq_lo, seq_hi, n, seqs, event_ids,
   delivery_ids, proof_digests, acked_us, moved, open_n, acked_n, state, budget,
   lease_expires_at, revision, created_at, updated_at
@@ -51,7 +53,7 @@ WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
   AND state = 'LEASED' AND lease_expires_at <= %(now)s
 ORDER BY lease_expires_at
 LIMIT %(limit)s
-FOR UPDATE
+FOR UPDATE SKIP LOCKED
 
 -- name: range_expired_exists
 SELECT 1 AS found
