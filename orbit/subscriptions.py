@@ -463,10 +463,15 @@ async def check_delivery_visible(
         return
 
     async def run(tx: Tx) -> SubscriptionRow | None:
+        from orbit import delivery_slots  # a range slot, when the delivery has no row
+
         d = await delivery_store.delivery_get(tx, namespace_id, delivery_id)
-        return (
-            None if d is None else await store.subscription_get(tx, namespace_id, d.subscription_id)
-        )
+        if d is not None:
+            return await store.subscription_get(tx, namespace_id, d.subscription_id)
+        slot = await delivery_slots.find_slot(tx, namespace_id, delivery_id)
+        if slot is None:
+            return None
+        return await store.subscription_get(tx, namespace_id, slot[0].subscription_id)
 
     row = await db.read(run)
     if row is None or not visible_to(row, allowed_queues):

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator
 
 import msgspec
+import pytest
 from subscription_fixtures import SubTenant, append_results, make_tenant
 
 from orbit import deliveries, delivery_pump, subscriptions
@@ -250,3 +251,23 @@ async def test_hand_out_round_spans_namespaces_in_one_transaction(db: Database) 
            for d in got_b1.deliveries + got_b2.deliveries],
     )  # fmt: skip
     assert all(isinstance(o, AckResult) and o.outcome == "applied" for o in outcomes)
+
+
+async def test_a_queue_limited_key_sees_deliveries_that_live_in_ranges(db: Database) -> None:
+    """Visibility for keys limited to some queues finds a delivery's subscription whether
+    the delivery is a row or a range slot."""
+    t = await make_tenant(db)
+    sub = await _sub(db, t, filter={"queues": ["q"]})
+    await append_results(db, t.namespace_id, 2, queue="q")
+    d1, d2 = (await delivery_pump.lease(db, t.namespace_id, sub.id, 2)).deliveries
+    await deliveries.nack(db, t.namespace_id, d2.delivery_id, d2.proof, 60_000)  # now a row
+    for d in (d1, d2):
+        await subscriptions.check_delivery_visible(
+            db, t.namespace_id, d.delivery_id, frozenset({"q"})
+        )
+        with pytest.raises(NotFound):
+            await subscriptions.check_delivery_visible(
+                db, t.namespace_id, d.delivery_id, frozenset({"other"})
+            )
+    with pytest.raises(NotFound):
+        await subscriptions.check_delivery_visible(db, t.namespace_id, new_id(), frozenset({"q"}))
