@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from orbit import deliveries, delivery_pump, subscriptions
+from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.credentials import Principal
 from orbit.deliveries import DeliveryOut, delivery_info, delivery_out
 from orbit.delivery_loop import DeliveryHub, deliveries_hub
@@ -182,7 +182,7 @@ async def list_deliveries(request: Request) -> Response:
     if not isinstance(after, int) or isinstance(after, bool) or after < 0:
         raise InvalidRequest("cursor is not valid", field="cursor")
     sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
-    rows = await deliveries.list_history(
+    rows = await delivery_history.list_history(
         db, _namespace(p), sub.id, state=state, after_seq=after, limit=limit
     )
     cursor = encode_cursor({"seq": rows[-1].seq}, filters) if len(rows) == limit else None
@@ -269,7 +269,7 @@ async def add_budget(request: Request) -> Response:
     audit_intent(request, deliveries.BUDGET_ACTION, "delivery", delivery_id, _namespace(p))
     body = await decode_body(request, BudgetBody)
     await _check_delivery(request, p, delivery_id)
-    reply = await deliveries.add_budget_reply(
+    reply = await delivery_history.add_budget_reply(
         request.app.state.ctx.db,
         _namespace(p),
         delivery_id,

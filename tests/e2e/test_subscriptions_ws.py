@@ -19,7 +19,7 @@ from subscription_fixtures import LiveServer, SubTenant, append_results, make_ke
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from orbit import deliveries, delivery_gauges, delivery_pump
+from orbit import delivery_gauges, delivery_history, delivery_pump
 from orbit.http import subscription_stream as server_wire
 from orbit.http.subscription_stream import StreamOptions
 from orbit.storage import Database
@@ -371,7 +371,7 @@ async def test_ws_keepalive_closes_idle_client_and_releases(db: Database) -> Non
         assert (
             closed.value.rcvd is not None and closed.value.rcvd.code == server_wire.IDLE_CLOSE_CODE
         )
-        info = await deliveries.get_delivery(
+        info = await delivery_history.get_delivery(
             db, t.namespace_id, msgspec.convert(bytes.fromhex(d["delivery_id"]), bytes)
         )
         assert info.state == "PENDING" and info.attempts == 2

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from subscription_fixtures import SubTenant, append_results, make_tenant
 
-from orbit import deliveries, delivery_pump, subscriptions
+from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
 from orbit.deliveries import StaleProof
 from orbit.errors import NotFound
@@ -47,7 +47,9 @@ async def test_ack_many_judges_each_item_alone_in_one_transaction(db: Database) 
     assert out[0] == "applied" and out[3] == "replayed" and out[4] == "applied"
     assert isinstance(out[1], StaleProof) and isinstance(out[2], NotFound)
     states = {
-        d.delivery_id: (await deliveries.get_delivery(db, t.namespace_id, d.delivery_id)).state
+        d.delivery_id: (
+            await delivery_history.get_delivery(db, t.namespace_id, d.delivery_id)
+        ).state
         for d in (d0, d1, d2, d3)
     }
     assert [states[d.delivery_id] for d in (d0, d1, d2, d3)] == [
@@ -56,7 +58,7 @@ async def test_ack_many_judges_each_item_alone_in_one_transaction(db: Database) 
         "ACKED",
         "LEASED",
     ]
-    stored = await deliveries.get_delivery(db, t.namespace_id, d0.delivery_id)
+    stored = await delivery_history.get_delivery(db, t.namespace_id, d0.delivery_id)
     assert (stored.state, stored.attempts) == ("ACKED", 1)  # leased once, acked once
     # A replay of the whole batch changes nothing; the same ack through ack() agrees.
     again = await deliveries.ack_many(db, t.namespace_id, [(d0.delivery_id, d0.proof)])
@@ -209,5 +211,5 @@ async def test_lease_probe_sees_an_expired_lease(db: Database) -> None:
     assert seen is not None and seen[1].expired and seen[1].in_flight == 1
     assert await _lease_while_locked(db, t, sub.id, 10) is None  # a lease to reclaim: locks
     await delivery_pump.lease(db, t.namespace_id, sub.id, 10)
-    back = await deliveries.get_delivery(db, t.namespace_id, d.delivery_id)
+    back = await delivery_history.get_delivery(db, t.namespace_id, d.delivery_id)
     assert back.state in ("PENDING", "LEASED") and back.attempts >= 1

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from subscription_fixtures import SubTenant, append_results, make_tenant
 
-from orbit import deliveries, delivery_pump, subscriptions
+from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
 from orbit.deliveries import AckItem, AckResult, StaleProof
 from orbit.errors import NotFound
@@ -83,7 +83,7 @@ async def test_ack_round_spans_namespaces_with_one_update(db: Database) -> None:
     assert len(ups) == 1, ups  # ONE multi-row UPDATE for the whole round (three ranges)
     assert not [s for s in _updates(rec) if "orbit_deliveries" in s]  # no per-delivery row
     for t, d in [(a, da[0]), (b, db_[1]), (b, db2[0])]:
-        stored = await deliveries.get_delivery(db, t.namespace_id, d.delivery_id)
+        stored = await delivery_history.get_delivery(db, t.namespace_id, d.delivery_id)
         assert (stored.state, stored.attempts) == ("ACKED", 1)
     again = await deliveries.ack(db, a.namespace_id, da[0].delivery_id, da[0].proof)
     assert again.outcome == "replayed" and again.delivery == out[0].delivery
@@ -230,6 +230,7 @@ async def test_hand_out_round_spans_namespaces_in_one_transaction(db: Database) 
         out = await delivery_pump.lease_round(db, asks)
     locks = [s for s in rec if "FROM orbit_subscriptions" in s and "FOR UPDATE" in s]
     assert len(locks) == 1, locks
+
     async def ranges(tx: Tx) -> list[int]:
         rows = await tx.fetchall(
             "SELECT n FROM orbit_delivery_ranges WHERE namespace_id IN (%s, %s) ORDER BY n",

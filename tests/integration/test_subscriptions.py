@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from subscription_fixtures import SubTenant, append_results, make_tenant
 
-from orbit import deliveries, delivery_pump, subscriptions
+from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
 from orbit.deliveries import StaleProof
 from orbit.errors import Conflict, InvalidRequest, NotFound, PreconditionFailed
@@ -31,7 +31,7 @@ def ms(n: int) -> timedelta:
 
 async def _rows(db: Database, t: SubTenant, sub_id: bytes) -> list[dstore.DeliveryRow]:
     """The subscription's history: its rows and the slots of its ranges, in seq order."""
-    return await deliveries.list_history(
+    return await delivery_history.list_history(
         db, t.namespace_id, sub_id, state=None, after_seq=0, limit=500
     )
 
@@ -226,7 +226,7 @@ async def test_ack_is_idempotent_and_checks_the_proof(db: Database) -> None:
     again = await deliveries.ack(db, t.namespace_id, d.delivery_id, d.proof)
     assert (first.outcome, again.outcome) == ("applied", "replayed")
     assert first.delivery.acked_at == again.delivery.acked_at  # not re-stamped
-    stored = await deliveries.get_delivery(db, t.namespace_id, d.delivery_id)
+    stored = await delivery_history.get_delivery(db, t.namespace_id, d.delivery_id)
     assert (stored.state, stored.attempts) == ("ACKED", 1)
     _, backlog = await subscriptions.get_subscription_with_backlog(db, t.namespace_id, "s")
     assert (backlog.acked, backlog.pending, backlog.in_flight) == (1, 0, 0)
@@ -278,7 +278,7 @@ async def test_lease_expiry_redelivers_after_backoff(db: Database) -> None:
     assert await delivery_pump.reclaim_subscription(
         db, t.namespace_id, row.id, now=t0 + ms(1_500)
     ) == (1, 0)
-    stored = await deliveries.get_delivery(db, t.namespace_id, d1.delivery_id)
+    stored = await delivery_history.get_delivery(db, t.namespace_id, d1.delivery_id)
     assert (stored.state, stored.next_at) == ("PENDING", t0 + ms(2_000))
     assert not (
         await delivery_pump.lease(db, t.namespace_id, row.id, 10, now=t0 + ms(1_999))
@@ -289,7 +289,7 @@ async def test_lease_expiry_redelivers_after_backoff(db: Database) -> None:
     assert d2.attempt == 2
     # Second expiry: backoff doubles (2 s after the lease end at t0+3s).
     (await delivery_pump.lease(db, t.namespace_id, row.id, 0, now=t0 + ms(3_000)))
-    stored = await deliveries.get_delivery(db, t.namespace_id, d1.delivery_id)
+    stored = await delivery_history.get_delivery(db, t.namespace_id, d1.delivery_id)
     assert (stored.state, stored.next_at) == ("PENDING", t0 + ms(5_000))
 
 
@@ -318,13 +318,13 @@ async def test_exhausted_then_budget_then_delivered(db: Database) -> None:
     assert not (
         await delivery_pump.lease(db, t.namespace_id, row.id, 10, now=t0 + ms(60_000))
     ).deliveries
-    page = await deliveries.list_history(
+    page = await delivery_history.list_history(
         db, t.namespace_id, row.id, state="EXHAUSTED", after_seq=0, limit=10
     )
     assert [r.id for r in page] == [d1.delivery_id]
     with pytest.raises(InvalidRequest):
-        await deliveries.add_budget(db, t.namespace_id, d1.delivery_id, 0)
-    revived = await deliveries.add_budget(
+        await delivery_history.add_budget(db, t.namespace_id, d1.delivery_id, 0)
+    revived = await delivery_history.add_budget(
         db, t.namespace_id, d1.delivery_id, 1, now=t0, actor=CLI_ACTOR
     )
     assert (revived.state, revived.attempts, revived.budget) == ("PENDING", 2, 3)
@@ -341,7 +341,7 @@ async def test_lease_expiry_exhausts_when_budget_spent(db: Database) -> None:
     assert await delivery_pump.reclaim_subscription(
         db, t.namespace_id, row.id, now=t0 + ms(1_000)
     ) == (0, 1)
-    stored = await deliveries.get_delivery(db, t.namespace_id, d1.delivery_id)
+    stored = await delivery_history.get_delivery(db, t.namespace_id, d1.delivery_id)
     assert stored.state == "EXHAUSTED"
 
 
@@ -386,25 +386,25 @@ async def test_history_pages_with_cursor_positions(db: Database) -> None:
     batch = await delivery_pump.lease(db, t.namespace_id, row.id, 3)  # a range of three
     await deliveries.nack(db, t.namespace_id, batch.deliveries[2].delivery_id,
                           batch.deliveries[2].proof, 60_000)  # fmt: skip
-    page1 = await deliveries.list_history(
+    page1 = await delivery_history.list_history(
         db, t.namespace_id, row.id, state=None, after_seq=0, limit=2
     )
-    page2 = await deliveries.list_history(
+    page2 = await delivery_history.list_history(
         db, t.namespace_id, row.id, state=None, after_seq=page1[-1].seq, limit=2
     )
-    page3 = await deliveries.list_history(
+    page3 = await delivery_history.list_history(
         db, t.namespace_id, row.id, state="PENDING", after_seq=page2[-1].seq, limit=2
     )
     assert [r.seq for r in (*page1, *page2, *page3)] == [1, 2, 3, 4, 5]
     assert [r.state for r in (*page1, *page2)] == ["ACKED", "LEASED", "LEASED", "LEASED"]
     assert [r.state for r in page3] == ["PENDING"]  # the nacked slot is a row now
     for state, expect in (("ACKED", [1]), ("LEASED", [2, 3, 4]), ("PENDING", [5])):
-        page = await deliveries.list_history(
+        page = await delivery_history.list_history(
             db, t.namespace_id, row.id, state=state, after_seq=0, limit=10
         )
         assert [r.seq for r in page] == expect, state
     with pytest.raises(InvalidRequest):
-        await deliveries.list_history(
+        await delivery_history.list_history(
             db, t.namespace_id, row.id, state="NOPE", after_seq=0, limit=2
         )
 
@@ -575,7 +575,7 @@ async def test_rows_from_before_ranges_are_served_as_exceptions(db: Database) ->
         assert await sub_store.subscription_advance_if_position(tx, t.namespace_id, row.id, 0, 2)
 
     await db.transaction(legacy)
-    (leased,) = await deliveries.list_history(
+    (leased,) = await delivery_history.list_history(
         db, t.namespace_id, row.id, state="LEASED", after_seq=0, limit=10
     )
     batch = await delivery_pump.lease(db, t.namespace_id, row.id, 10)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from subscription_fixtures import append_results, make_tenant
 
-from orbit import deliveries, delivery_pump, subscriptions
+from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
 from orbit.events import list_result_events
 from orbit.storage import DSN, Database
@@ -129,7 +129,7 @@ async def test_two_pools_handing_out_never_duplicate_or_skip(
     expected = [e.seq for e in events if e.state == "SUCCEEDED"]
     assert sorted(s for s, _ in first) == expected  # exactly once each, none skipped
     assert len({d for _, d in first}) == len(first)
-    history = await deliveries.list_history(
+    history = await delivery_history.list_history(
         db, t.namespace_id, row.id, state=None, after_seq=0, limit=5000
     )
     assert [(r.seq, r.id) for r in history] == sorted(first)
@@ -193,7 +193,7 @@ async def test_two_delivery_loops_on_two_pools(db: Database, second_db: Database
     assert all(r.errors == 0 for r in rounds)
     assert sum(r.redelivered for r in rounds) + sum(r.skipped for r in rounds) >= 1
     await loops[0].run_once(now=later)
-    history = await deliveries.list_history(
+    history = await delivery_history.list_history(
         db, t.namespace_id, row.id, state=None, after_seq=0, limit=5000
     )
     events = await list_result_events(db, t.namespace_id, 0, 5000)

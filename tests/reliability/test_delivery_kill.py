@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from subscription_fixtures import append_results, make_tenant
 
-from orbit import deliveries, delivery_pump, subscriptions
+from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit import delivery_ranges as dr
 from orbit.audit import CLI_ACTOR
 from orbit.ids import id_hex
@@ -95,7 +95,7 @@ async def test_a_server_killed_mid_hand_out_loses_nothing(db: Database, dsn: DSN
 
     events = await list_result_events(db, t.namespace_id, 0, 5000)
     expected = [e.seq for e in events if e.state == "SUCCEEDED"]
-    history = await deliveries.list_history(
+    history = await delivery_history.list_history(
         db, t.namespace_id, row.id, state=None, after_seq=0, limit=500
     )
     assert [h.seq for h in history] == expected  # each once: nothing lost, nothing doubled
