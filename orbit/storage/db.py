@@ -8,10 +8,12 @@ REPEATABLE READ's gap locks block producers and deadlock idle pollers). The pool
 serve a connection whose session settings are not what the code assumes.
 
 :meth:`Database.transaction` runs a function in one transaction and retries the *whole*
-function, a bounded number of times with jitter, on 1213 (deadlock), 1020 (MariaDB snapshot
-conflict) and 1205 (lock wait timeout; the statement alone was rolled back, so we ROLLBACK
-first and never COMMIT after it), and on a connection lost before COMMIT was sent. A
-connection lost *during* COMMIT raises :class:`OutcomeUnknown`: the caller re-reads.
+function, a bounded number of times with jitter, on 1213 (deadlock; on Galera also a
+certification failure raised by COMMIT), 1020 (MariaDB snapshot conflict) and 1205 (lock
+wait timeout; the statement alone was rolled back, so we ROLLBACK first and never COMMIT
+after it), and on a connection lost before COMMIT was sent. A connection lost *during*
+COMMIT, or a COMMIT that failed with 1180 (a Galera node that lost the primary component
+while replicating it), raises :class:`OutcomeUnknown`: the caller re-reads.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pymysql.cursors import RE_INSERT_VALUES
 from orbit.storage.drivers import PoolOptions, as_pymysql, load_driver
 from orbit.storage.dsn import DSN
 from orbit.storage.errors import (
+    COMMIT_FAILED,
     CONNECTION_ERRORS,
     DUPLICATE,
     RETRYABLE,
@@ -486,7 +489,7 @@ class Database:
             except _CommitLost as lost:
                 self.stats.outcome_unknown += 1
                 cause = as_pymysql(lost.cause)
-                raise OutcomeUnknown(f"connection lost during COMMIT: {cause}") from cause
+                raise OutcomeUnknown(f"COMMIT's outcome unknown: {cause}") from cause
             except Exception as exc:
                 code = error_code(exc)
                 if code not in RETRYABLE and code not in CONNECTION_ERRORS:
@@ -573,7 +576,7 @@ class Database:
                 try:
                     await conn.commit()
                 except Exception as exc:
-                    if error_code(exc) in CONNECTION_ERRORS:
+                    if error_code(exc) in CONNECTION_ERRORS or error_code(exc) == COMMIT_FAILED:
                         raise _CommitLost(exc) from exc
                     if error_code(exc) in RETRYABLE:
                         raise _CommitConflict(exc) from exc

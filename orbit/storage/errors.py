@@ -3,7 +3,7 @@
 StorageError
  ├── CasConflict          a guarded UPDATE changed no row (revision/state moved on)
  ├── DuplicateKey         1062 on a unique index; ``key`` names the index
- ├── OutcomeUnknown       2013 during COMMIT: the transaction may or may not have committed
+ ├── OutcomeUnknown       2013 or 1180 during COMMIT: the transaction may or may not have committed
  ├── PoolExhausted        no pooled connection became free within the acquire timeout
  └── TransientExhausted   1213/1205/1020 retried the allowed number of times
 """
@@ -26,6 +26,10 @@ STATEMENT_TIMEOUT = (1969, 3024)
 #: "WSREP has not yet prepared node for application use". Not retried here (a partition
 #: lasts seconds, not milliseconds): the node answers 503 until it is back.
 NODE_NOT_READY = 1047
+#: "Got error … during COMMIT"; on Galera also "Error while appending streaming replication
+#: fragment (… Not connected to Primary Component)": the node lost the primary component
+#: while replicating the commit. Treated as an unknown outcome (re-read before deciding).
+COMMIT_FAILED = 1180
 
 RETRYABLE = frozenset({DEADLOCK, LOCK_WAIT_TIMEOUT, SNAPSHOT_CONFLICT})
 CONNECTION_ERRORS = frozenset({LOST_CONNECTION, SERVER_GONE, CANT_CONNECT})
