@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -199,9 +200,16 @@ class ChaosResult:
     workflow_dedup_starts: int = 0
     signals: int = 0
     signal_replays: int = 0
+    #: Submits whose answer the client never saw (an error, a 5xx) sent again with the same
+    #: Idempotency-Key and body; how many of those the server answered as a replay (the
+    #: first one had committed after all).
+    resends: int = 0
+    resends_replayed: int = 0
     tasks: int = 0
     http_errors: int = 0
     http_5xx: Counter[str] = field(default_factory=Counter)
+    #: (monotonic time, node base URL, reason) of every 503 a client got ("503 windows").
+    unavailable: list[tuple[float, str, str]] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
     states: Counter[str] = field(default_factory=Counter)
     attempts: Counter[str] = field(default_factory=Counter)
@@ -212,13 +220,29 @@ class ChaosResult:
     anomalies: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "unavailable"}
         for k, v in d.items():
             if isinstance(v, Counter):
                 d[k] = dict(v)
         d["figures"] = {k: dict(v) if isinstance(v, Counter) else v for k, v in self.figures.items()}
         d["anomalies_count"] = len(self.anomalies)
         return d
+
+
+@dataclass
+class ChaosHooks:
+    """How a run on another database topology (tests/cluster/cluster_chaos.py) extends it.
+
+    ``node_dsns``: server node ``i`` connects to ``node_dsns[i % len]`` (default: every node to
+    ``dsn``). ``faults``: extra fault kinds for the deck, each ``fn(cluster, rec, res, rng)``,
+    dealt like the others (blocking the fault thread while it lasts). ``revive``: called
+    before the settle phase (heal partitions, restart database nodes). ``watchers``: threads
+    ``fn(cluster, stop)`` that run for the whole run (e.g. sample counters)."""
+
+    node_dsns: list[DSN] | None = None
+    faults: dict[str, Callable[[Any, history.Recorder, ChaosResult, random.Random], None]] = field(default_factory=dict)
+    revive: Callable[[Any], None] | None = None
+    watchers: list[Callable[[Any, threading.Event], None]] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,8 +331,11 @@ class Cluster:
     """The server nodes, worker and subscriber processes of one run."""
 
     def __init__(self, dsn: DSN, work: Path, tenant: CliTenant, nodes: int, workers: int,
-                 inbox_dsn: DSN | None, tree_env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 inbox_dsn: DSN | None, tree_env: dict[str, str] | None = None,
+                 node_dsns: list[DSN] | None = None) -> None:  # fmt: skip
         self.dsn = dsn
+        #: The database each server node connects to (a cluster: one node each).
+        self.node_dsns = node_dsns or [dsn]
         self.work = work
         self.tenant = tenant
         self.inbox_dsn = inbox_dsn
@@ -316,7 +343,8 @@ class Cluster:
                "ORBIT_WEAVE_ADVANCER_POLL_MS": "200", **(tree_env or {})}  # fmt: skip
         self.tree_env = tree_env or {}
         self.cwd = tree_cwd(tree_env)
-        self.nodes = [OrbitServer(dsn, work, env=env, cwd=self.cwd) for _ in range(nodes)]
+        self.nodes = [OrbitServer(self.node_dsns[i % len(self.node_dsns)], work, env=env, cwd=self.cwd)
+                      for i in range(nodes)]  # fmt: skip
         self.workers: list[subprocess.Popen[bytes] | None] = [None] * workers
         self.worker_logs: list[Path | None] = [None] * workers
         self.subscribers: dict[str, subprocess.Popen[bytes] | None] = {"inbox": None, "noack": None}
@@ -390,6 +418,12 @@ class Cluster:
 def _count_5xx(res: ChaosResult, r: httpx.Response, what: str) -> None:
     if r.status_code >= 500:
         res.http_5xx[f"{what} {r.status_code}"] += 1
+    if r.status_code == 503:
+        try:
+            reason = str(r.json()["error"]["details"].get("reason", ""))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            reason = ""
+        res.unavailable.append((time.monotonic(), f"{r.request.url.scheme}://{r.request.url.netloc.decode()}", reason))
 
 
 def _producer(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: history.Recorder,
@@ -398,6 +432,7 @@ def _producer(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: hi
     client = httpx.Client(timeout=10)
     first_body: dict[str, str] = {}
     first_task: list[tuple[str, str]] = []
+    unsent: list[tuple[str, str]] = []  # (key, body) of submits whose answer was never seen
     n = 0
     while not stop.is_set():
         urls = cluster.urls()
@@ -407,7 +442,11 @@ def _producer(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: hi
         ns = f"{rng.choice(urls)}/v1/namespaces/{t.namespace}"
         n += 1
         headers = {**t.auth, "content-type": "application/json"}
-        if rng.random() < 0.2 and first_task:
+        resend = False
+        if unsent and rng.random() < 0.5:
+            idem, raw = unsent.pop(rng.randrange(len(unsent)))  # as a client retries a failure
+            replay, resend = False, True
+        elif rng.random() < 0.2 and first_task:
             idem, _ = rng.choice(first_task)
             raw, replay = first_body[idem], True  # replay: same key, same body as the first time
         else:
@@ -417,18 +456,26 @@ def _producer(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: hi
             idem, raw, replay = f"k{n}", json.dumps(body), False
         dedup = json.loads(raw)["dedup_key"]
         t0 = time.monotonic()
-        rec("submit", phase="invoke", idem=idem, dedup=dedup, replay=replay)
+        rec("submit", phase="invoke", idem=idem, dedup=dedup, replay=replay, resend=resend)
         try:
             r = client.post(f"{ns}/tasks", content=raw, headers={**headers, "Idempotency-Key": idem})
         except httpx.HTTPError as exc:
             rec("submit", phase="fail", idem=idem, dedup=dedup, error=type(exc).__name__)
-            res.http_errors += 1  # a node died under us: the client moves on
+            res.http_errors += 1  # a node died under us: the client sends it again later
+            if not replay:
+                unsent.append((idem, raw))
             continue
         _count_5xx(res, r, "submit")
         if r.status_code not in (200, 201):
             rec("submit", phase="fail", idem=idem, dedup=dedup, status=r.status_code)
             res.http_errors += 1
+            if not replay and r.status_code >= 500:
+                unsent.append((idem, raw))
             continue
+        if resend:
+            res.resends += 1
+            if r.headers.get("idempotent-replayed") == "true":
+                res.resends_replayed += 1
         task = r.json()
         rec("submit", phase="ok", idem=idem, dedup=dedup, task=task["id"], replay=replay,
             deduplicated=bool(task.get("deduplicated")), invoked_at=t0, status=r.status_code)  # fmt: skip
@@ -580,7 +627,9 @@ def _busy_workers(cluster: Cluster) -> list[int]:
 
 
 def _faults(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: history.Recorder,
-            rng: random.Random, db: PrivateDatabase | None, dealt: threading.Event) -> None:  # fmt: skip
+            rng: random.Random, db: PrivateDatabase | None, dealt: threading.Event,
+            hooks: ChaosHooks | None = None) -> None:  # fmt: skip
+    extra = hooks.faults if hooks is not None else {}
     deck: list[str] = []
     kill_db = False
     rounds = 0
@@ -589,10 +638,12 @@ def _faults(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: hist
             if rounds:
                 dealt.set()  # every kind of fault has happened at least once
             rounds += 1
-            deck = [k for k in DECK if k != "db_restart" or db is not None]
+            deck = [k for k in DECK if k != "db_restart" or db is not None] + list(extra)
             rng.shuffle(deck)
         kind = deck.pop()
-        if kind in ("worker", "sigstop"):
+        if kind in extra:
+            extra[kind](cluster, rec, res, rng)
+        elif kind in ("worker", "sigstop"):
             busy = _busy_workers(cluster)
             i = rng.choice(busy) if busy else rng.randrange(len(cluster.workers))
             w = cluster.workers[i]
@@ -630,12 +681,16 @@ def _faults(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: hist
                 time.sleep(2.0)
                 node.start(timeout=60)
         elif kind == "connection":
-            ids = query(cluster.dsn, "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s"
-                                     " AND ID <> CONNECTION_ID()", (cluster.dsn.database,))  # fmt: skip
+            target = rng.choice(cluster.node_dsns)  # on a cluster: one database node's list
+            try:
+                ids = query(target, "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s"
+                                    " AND ID <> CONNECTION_ID()", (target.database,))  # fmt: skip
+            except pymysql.MySQLError:
+                ids = []
             if ids:
                 victim = rng.choice(ids)[0]
                 try:
-                    query(cluster.dsn, f"KILL CONNECTION {int(victim)}")
+                    query(target, f"KILL CONNECTION {int(victim)}")
                     rec("fault", kind="kill_db_connection")
                     res.faults["kill_db_connection"] += 1
                 except pymysql.MySQLError:
@@ -679,14 +734,15 @@ def _wait(predicate: Any, deadline: float, every: float = 0.5) -> bool:
 def run_chaos(dsn: DSN, work: Path, *, seconds: float, nodes: int = 3, workers: int = 3,
               seed: int | None = None, settle_s: float = 90.0, db: PrivateDatabase | None = None,
               inbox_dsn: DSN | None = None, full_deck: bool = True,
-              tree_env: dict[str, str] | None = None) -> ChaosResult:  # fmt: skip
+              tree_env: dict[str, str] | None = None, hooks: ChaosHooks | None = None) -> ChaosResult:  # fmt: skip
     """One run on the migrated database ``dsn`` (``db``: its private server, restartable;
     ``inbox_dsn``: an empty database for the inbox subscriber's tables)."""
     rng = random.Random(seed)
     work.mkdir(parents=True, exist_ok=True)
     res = ChaosResult(nodes=nodes, workers=workers, private_db=db is not None)
     t = cli_tenant(dsn, namespace="chaos", env=tree_env, cwd=tree_cwd(tree_env))
-    cluster = Cluster(dsn, work, t, nodes, workers, inbox_dsn, tree_env)
+    cluster = Cluster(dsn, work, t, nodes, workers, inbox_dsn, tree_env,
+                      node_dsns=hooks.node_dsns if hooks is not None else None)  # fmt: skip
     started = time.monotonic()
     cluster.nodes[0].start(timeout=60)
     base = cluster.nodes[0].url
@@ -726,7 +782,8 @@ def run_chaos(dsn: DSN, work: Path, *, seconds: float, nodes: int = 3, workers: 
         threading.Thread(target=_producer, args=(cluster, stop, res, prod_rec, random.Random(rng.random()))),
         threading.Thread(target=driver.run, args=(stop,)),
         threading.Thread(target=_faults, args=(cluster, stop, res, fault_rec, random.Random(rng.random()), db,
-                                               dealt)),
+                                               dealt, hooks)),
+        *(threading.Thread(target=w, args=(cluster, stop)) for w in (hooks.watchers if hooks is not None else [])),
     ]
     app = t.application_id
     try:
@@ -739,6 +796,8 @@ def run_chaos(dsn: DSN, work: Path, *, seconds: float, nodes: int = 3, workers: 
         for th in threads:
             th.join(120)
         # Settle: everything back, the schedule paused, every instance signalled, then wait.
+        if hooks is not None and hooks.revive is not None:
+            hooks.revive(cluster)
         cluster.revive()
         deadline = time.monotonic() + settle_s
         _wait(lambda: httpx.post(f"{cluster.nodes[0].url}/v1/namespaces/{t.namespace}/schedules/tick/pause",

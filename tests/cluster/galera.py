@@ -139,6 +139,24 @@ def _user_exists(name: str) -> bool:
     return True
 
 
+def server_folder(root: Path, run_as: str | None) -> Path:
+    """``root``, created, if the server account can reach it; else a fresh folder under the
+    system temporary folder. (pytest's ``/tmp/pytest-of-root`` is 0700, and every new pytest
+    session makes it so again: a server running as ``mysql`` under it loses its data folder
+    in the middle of a run.)"""
+    root.mkdir(parents=True, exist_ok=True)
+    if not run_as or run_as == "root":
+        return root
+    if all(p.stat().st_mode & 0o001 for p in root.parents):
+        root.chmod(root.stat().st_mode | 0o055)
+        return root
+    own = Path(tempfile.mkdtemp(prefix="orbit-db-", dir=tempfile.gettempdir()))
+    own.chmod(0o755)
+    with contextlib.suppress(OSError):
+        (root / "servers").symlink_to(own)  # where to look, from the folder the caller gave
+    return own
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -405,12 +423,7 @@ class GaleraCluster:
         # Unix socket paths are short (108 bytes): keep them in a short folder.
         self.sock_dir = tempfile.mkdtemp(prefix="orbit-galera-")
         self.own(Path(self.sock_dir))
-        # The server account must reach its folders: open up the ones we made (a temporary
-        # folder is 0700), never anything else.
-        for d in (self.root, *self.root.parents):
-            ours = d == self.root or d.is_relative_to(Path(tempfile.gettempdir()))
-            if os.geteuid() == 0 and ours and d.owner() == "root" and d.stat().st_mode & 0o005 != 0o005:
-                d.chmod(d.stat().st_mode | 0o055)
+        self.root = server_folder(self.root, self.run_as)
         k = _address_block()
         for i in range(self.size):
             host = f"127.0.{k}.{i + 1}"
