@@ -17,6 +17,9 @@ Runtime tables are found in ``migrations/*.sql``: every table whose primary key 
 
 Set ``ORBIT_SQL_GUARD=0`` to switch it off (e.g. while profiling).
 
+It also loads the shard-group guard (tests/shard_guard.py): every transaction must touch the
+namespaces of one shard group under ``ORBIT_SHARD_MAP`` (default ``single``: one group).
+
 ALLOW is the short, documented list of cross-namespace background scans. Each entry is a
 query name (``-- name:`` in a ``sql/*.sql`` file) and the reason it may scan every namespace.
 """
@@ -29,6 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+import shard_guard
 
 from orbit.storage import db as storage_db
 from orbit.storage.sqlfile import parse_queries
@@ -146,9 +150,11 @@ class _DedupLog(list[str]):
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("ORBIT_SQL_GUARD", "1") != "0" and storage_db.STATEMENT_LOG is None:
         storage_db.STATEMENT_LOG = _DedupLog()
+        shard_guard.install(known_queries())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _shard_groups(session)
     log = storage_db.STATEMENT_LOG
     if not log:
         return
@@ -168,3 +174,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         else:  # pragma: no cover
             print(line)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _shard_groups(session: pytest.Session) -> None:
+    guard = shard_guard.GUARD
+    if guard is None:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    audit = shard_guard.lock_report(guard) if os.environ.get("ORBIT_LOCK_AUDIT") == "1" else []
+    if not guard.violations and "ORBIT_SHARD_MAP" not in os.environ and not audit:
+        return
+    for line in ["", *shard_guard.report(guard), *audit]:
+        if reporter is not None:
+            reporter.write_line(line, red=bool(guard.violations))
+        else:  # pragma: no cover
+            print(line)
+    if guard.violations:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
