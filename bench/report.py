@@ -343,7 +343,9 @@ def _figures(out: dict[str, Any]) -> list[str]:
             f"{_fmt(s7.get('mariadb_core'))} | {_fmt(rates.get('statements_per_s'))} "
             f"statements/s, {_fmt(rates.get('transactions_per_s'))} transactions/s, "
             f"{_fmt(rates.get('row_writes_per_s'))} rows written/s; server RSS "
-            f"{_fmt(s7.get('server_rss_mb'))} MB | {load('S7')} |"
+            f"{_fmt(s7.get('server_rss_mb'))} MB; probes answered "
+            f"{s7.get('probes_answered')} of {s7.get('namespaces')}, ready after "
+            f"{s7.get('ready_s')} s | {load('S7')} |"
         )
     s8 = raw.get("s8") or {}
     for key, title in (("no_consumer", "no consumer"), ("one_consumer", "one consumer")):
