@@ -10,7 +10,7 @@ from orbit_cmd import cli
 from platform_fixtures import ROOT
 
 GROUPS = ("tasks", "events", "queues", "schedules", "workflows", "instances", "signals",
-          "subscriptions", "workers", "audit")  # fmt: skip
+          "subscriptions", "workers", "audit", "outbox")  # fmt: skip
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
