@@ -2,9 +2,13 @@
 
 Two kinds of record, both immutable (triggers reject UPDATE and DELETE):
 
-* **Raw events** (``orbit_events``): one row per state change (task accepted, leased, started,
-  schedule fired, workflow advanced…). :func:`append_event` / :func:`append_events` write them
-  inside the caller's transaction.
+* **Raw events** (``orbit_event_batches``): every state change (task accepted, leased,
+  started, schedule fired, workflow advanced…), written inside the caller's transaction by
+  :func:`append_event` / :func:`append_events` / :func:`append_events_across` as ONE row per
+  (transaction, namespace, event type, subject kind) listing every subject it changed, each
+  entry with its own data and request id. :func:`namespace_events` and
+  :func:`subject_events` read them back one entry per change (rows of ``orbit_events``,
+  written before batches existed, included).
 * **Result events** (``orbit_result_events``): frozen task snapshots for SUCCEEDED, FAILED,
   CANCELLED and NEEDS_REVIEW, numbered by a per-namespace sequence. :func:`append_result_events`
   takes a *range* of sequence numbers with one statement on ``orbit_event_streams`` and must
@@ -25,7 +29,6 @@ import msgspec
 
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
-from orbit.storage.literals import insert_values
 from orbit.store import events as store
 from orbit.times import format_opt, format_time
 
@@ -138,6 +141,17 @@ def _json_text(value: Any) -> str | None:
     return _JSON.encode(value).decode()
 
 
+class RawEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One recorded state change, as read back (:func:`namespace_events`)."""
+
+    type: str
+    subject_kind: str
+    subject_id: bytes | None
+    data: Any
+    request_id: str | None
+    created_at: datetime
+
+
 async def append_event(
     tx: Tx,
     namespace_id: bytes,
@@ -149,81 +163,147 @@ async def append_event(
     *,
     now: datetime | None = None,
 ) -> bytes:
-    """Append one raw event in the caller's transaction; return its id.
+    """Append one raw event in the caller's transaction; return the id of its batch row.
 
     ``now`` None stamps the database clock.
     """
-    event_id = new_id()
-    await store.event_insert(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": event_id,
-            "type": type,
-            "subject_kind": subject_kind,
-            "subject_id": subject_id,
-            "data": _JSON.encode({} if data is None else data).decode(),
-            "request_id": request_id,
-            "created_at": now,
-        },
+    event = NewEvent(
+        type=type,
+        subject_kind=subject_kind,
+        subject_id=subject_id,
+        data={} if data is None else data,
+        request_id=request_id,
     )
-    return event_id
+    (batch_id,) = await append_events_across(tx, [(namespace_id, event)], now=now)
+    return batch_id
 
 
 async def append_events(
     tx: Tx, namespace_id: bytes, events: Sequence[NewEvent], *, now: datetime | None = None
 ) -> list[bytes]:
-    """Append many raw events with one multi-row INSERT; return their ids in order."""
+    """Append many raw events (one batch row per event type and subject kind); return the
+    batch rows' ids."""
     return await append_events_across(tx, [(namespace_id, e) for e in events], now=now)
-
-
-#: The column list of ``event_insert_many`` (orbit/sql/events.sql), for
-#: :func:`append_events_bulk`: the statement up to VALUES, without comments.
-_BULK_HEAD = (
-    "\n".join(
-        line
-        for line in store.Q.event_insert_many.splitlines()
-        if not line.lstrip().startswith("--")
-    )
-    .split("VALUES")[0]
-    .strip()
-    + "\nVALUES"
-)
-_BULK_COLUMNS = tuple(
-    c.strip() for c in _BULK_HEAD[_BULK_HEAD.index("(") + 1 : _BULK_HEAD.index(")")].split(",")
-)
 
 
 async def append_events_bulk(
     tx: Tx, namespace_id: bytes, events: Sequence[NewEvent], *, now: datetime
 ) -> list[bytes]:
-    """:func:`append_events` for big batches (batch submit): the same multi-row INSERT with
-    its values rendered as memoised SQL literals (orbit/storage/literals.py) rather than
-    escaped by the driver one parameter at a time. ``now`` is required (naive UTC). Events
-    whose ``data`` is the same object share one encoding (do not mutate it meanwhile)."""
+    """:func:`append_events` for big batches (batch submit): events sharing one ``data``
+    object encode it once (do not mutate it meanwhile)."""
+    return await append_events_across(tx, [(namespace_id, e) for e in events], now=now)
+
+
+async def append_events_across(
+    tx: Tx, events: Sequence[tuple[bytes, NewEvent]], *, now: datetime | None = None
+) -> list[bytes]:
+    """Append the raw events of several namespaces (a node round) with ONE multi-row INSERT:
+    one batch row per (namespace, event type, subject kind), its entries in the order of
+    ``events``; return the batch rows' ids (in the order their first event came)."""
     if not events:
         return []
-    # Events sharing one data object (a batch passes one per queue) encode it once.
-    encoded: dict[int, str] = {}
-    rows: list[dict[str, Any]] = []
-    for e in events:
-        text = encoded.get(id(e.data))
-        if text is None:
-            text = encoded[id(e.data)] = _JSON.encode(e.data).decode()
-        rows.append(
-            {
-                "namespace_id": namespace_id,
-                "id": new_id(),
-                "type": e.type,
-                "subject_kind": e.subject_kind,
-                "subject_id": e.subject_id,
-                "data": text,
-                "request_id": e.request_id,
-                "created_at": now,
-            }
+    stamp = now or await store.clock_now(tx)
+    groups: dict[tuple[bytes, str, str], list[bytes]] = {}
+    encoded: dict[int, bytes] = {}  # one encoding per data object (a batch shares them)
+    for ns, e in events:
+        data = encoded.get(id(e.data))
+        if data is None:
+            data = encoded[id(e.data)] = _JSON.encode(e.data)
+        entry = b'{"subject_id":' + (
+            b'"' + e.subject_id.hex().encode() + b'"' if e.subject_id is not None else b"null"
         )
-    await tx.execute(insert_values(_BULK_HEAD, _BULK_COLUMNS, rows))
+        if e.request_id is not None:
+            entry += b',"request_id":' + _JSON.encode(e.request_id)
+        groups.setdefault((ns, e.type, e.subject_kind), []).append(entry + b',"data":' + data + b"}")
+    rows = [
+        {
+            "namespace_id": ns,
+            "id": new_id(),
+            "type": type_,
+            "subject_kind": kind,
+            "subjects": len(entries),
+            "entries": (b"[" + b",".join(entries) + b"]").decode(),
+            "created_at": stamp,
+        }
+        for (ns, type_, kind), entries in groups.items()
+    ]
+    await store.event_batch_insert_many(tx, rows)
     return [r["id"] for r in rows]
+
+
+_ENTRIES = msgspec.json.Decoder(list[dict[str, Any]])
+
+
+def _expand(row: dict[str, Any]) -> list[RawEvent]:
+    out: list[RawEvent] = []
+    for entry in _ENTRIES.decode(row["entries"]):
+        subject = entry.get("subject_id")
+        out.append(
+            RawEvent(
+                type=row["type"],
+                subject_kind=row["subject_kind"],
+                subject_id=bytes.fromhex(subject) if subject else None,
+                data=entry.get("data", {}),
+                request_id=entry.get("request_id"),
+                created_at=row["created_at"],
+            )
+        )
+    return out
+
+
+def _legacy(row: dict[str, Any]) -> RawEvent:
+    data = row["data"]
+    return RawEvent(
+        type=row["type"],
+        subject_kind=row["subject_kind"],
+        subject_id=row["subject_id"],
+        data=msgspec.json.decode(data) if isinstance(data, str | bytes) else data,
+        request_id=row["request_id"],
+        created_at=row["created_at"],
+    )
+
+
+async def namespace_events(
+    tx: Tx,
+    namespace_id: bytes,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    type: str | None = None,
+    limit: int = 10_000,
+) -> list[RawEvent]:
+    """The raw events of a namespace in the time window (``since`` inclusive, ``until``
+    exclusive; None: unbounded), oldest first, one entry per change — at most ``limit``
+    batch rows read. ``type`` filters by event type."""
+    rows = await store.event_batch_list(tx, namespace_id, since, until, type, limit)
+    legacy = await store.event_list_window(tx, namespace_id, since, until, type, limit)
+    out = [e for r in rows for e in _expand(r)] + [_legacy(r) for r in legacy]
+    out.sort(key=lambda e: e.created_at)  # stable: a batch keeps its entries' order
+    return out
+
+
+async def subject_events(
+    tx: Tx,
+    namespace_id: bytes,
+    subject_kind: str,
+    subject_id: bytes,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 10_000,
+) -> list[RawEvent]:
+    """The raw events of one subject in the time window, oldest first (a history view: the
+    batch rows of the namespace in the window that name the subject; bound the window by
+    the subject's lifetime, e.g. a task's ``created_at`` and ``finished_at``)."""
+    rows = await store.event_batch_list_for_subject(
+        tx, namespace_id, subject_kind, subject_id.hex(), since, until, limit
+    )
+    legacy = await store.event_list_for_subject(tx, namespace_id, subject_kind, subject_id, limit)
+    out = [
+        e for r in rows for e in _expand(r) if e.subject_id == subject_id
+    ] + [_legacy(r) for r in legacy]
+    out.sort(key=lambda e: e.created_at)
+    return out
 
 
 async def append_result_events(
@@ -243,31 +323,6 @@ async def append_result_events(
     return await append_result_events_across(
         tx, [(namespace_id, s) for s in snapshots], now=now
     )
-
-
-async def append_events_across(
-    tx: Tx, events: Sequence[tuple[bytes, NewEvent]], *, now: datetime | None = None
-) -> list[bytes]:
-    """:func:`append_events` for events of several namespaces (a node round): ONE multi-row
-    INSERT, each row with its own namespace; their ids, in order."""
-    if not events:
-        return []
-    stamp = now or await store.clock_now(tx)
-    rows = [
-        {
-            "namespace_id": ns,
-            "id": new_id(),
-            "type": e.type,
-            "subject_kind": e.subject_kind,
-            "subject_id": e.subject_id,
-            "data": _JSON.encode(e.data).decode(),
-            "request_id": e.request_id,
-            "created_at": stamp,
-        }
-        for ns, e in events
-    ]
-    await store.event_insert_many(tx, rows)
-    return [r["id"] for r in rows]
 
 
 async def append_result_events_across(
@@ -356,10 +411,3 @@ async def list_result_events(
 async def last_result_seq(tx: Tx, namespace_id: bytes) -> int:
     """The highest committed result event seq of the namespace (0 when none)."""
     return await store.result_event_last_seq(tx, namespace_id)
-
-
-async def list_subject_events(
-    tx: Tx, namespace_id: bytes, subject_kind: str, subject_id: bytes, limit: int = 100
-) -> list[dict[str, Any]]:
-    """Raw events of one subject, oldest first (for history views and tests)."""
-    return await store.event_list_for_subject(tx, namespace_id, subject_kind, subject_id, limit)

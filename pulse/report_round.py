@@ -6,9 +6,9 @@ owners' application rows and the queues' usage rows, then the tasks, then the at
 (:mod:`pulse.store.rounds`: one statement per level, one ``namespace_id`` group per
 namespace in each). Each item keeps every check of a single report (token, receipt replay,
 lease, current generation — :func:`pulse.attempts.report` documents them); the applied ones
-are written with ONE guarded UPDATE of their attempts and ONE of their tasks for the whole
-round (each row its own guard and values; the matched count must be the number of rows),
-ONE multi-row INSERT of their receipts, the summed usage deltas (one UPDATE per table), the
+are written with ONE guarded UPDATE of their attempts (the receipt is a part of the attempt
+row) and ONE of their tasks for the whole round (each row its own guard and values; the
+matched count must be the number of rows), the summed usage deltas (one UPDATE per table), the
 ended attempts' key permits (the permit level, per namespace in order), and their raw and
 result events (one INSERT each; one upsert of the namespaces' stream rows, last). Items
 about a task another item already touched (e.g. the same report re-sent) go in a following
@@ -104,8 +104,8 @@ async def _round(
         return [unreadable.get(i) or AttemptNotFound() for i in range(len(items))], []
     # The lock order, level by level across the round's namespaces: application rows and
     # queue usage rows (their ids were peeked without locks and never change), the tasks,
-    # the attempts; the receipts are read for the peeked attempts. ONE round trip.
-    _, tasks, locked, receipts = await tx.pipeline(
+    # the attempts (each with the receipt of its applied report, if any). ONE round trip.
+    _, tasks, locked = await tx.pipeline(
         transitions.lock_usage_keys(
             tx,
             KeySet((k[0], p["queue_id"]) for k, p in peeks.items()),
@@ -113,13 +113,11 @@ async def _round(
         ),
         store.task_lock_keys(tx, KeySet((k[0], p["task_id"]) for k, p in peeks.items())),
         store.attempt_lock_keys(tx, KeySet(peeks), now),
-        store.receipt_get_keys(tx, KeySet(peeks)),
     )
     t = now if now is not None else next(iter(locked.values()))["db_now"] if locked else None
     changes: list[transitions.NsChange] = []
     attempt_rows: dict[tuple[bytes, bytes], dict[str, Any]] = {}
     task_rows: dict[tuple[bytes, bytes], dict[str, Any]] = {}
-    receipt_rows: list[dict[str, Any]] = []
     app_deltas: dict[bytes, list[int]] = defaultdict(lambda: [0, 0, 0])
     queue_deltas: dict[tuple[bytes, bytes], list[int]] = defaultdict(lambda: [0, 0, 0])
     ended: dict[bytes, list[tuple[bytes, bytes | None]]] = defaultdict(list)
@@ -143,22 +141,21 @@ async def _round(
         if stored is None or not digest_matches(rep.execution_token, stored):
             out[idx] = StaleToken(attempt_id=aid)
             continue
-        receipt = receipts.get((ns, rep.attempt_id))
-        if receipt is not None:
-            if receipt["operation"] == rep.op and receipt["request_digest"] == digests[idx]:
+        if attempt["receipt_id"] is not None:
+            if attempt["receipt_op"] == rep.op and attempt["receipt_digest"] == digests[idx]:
                 out[idx] = wire.Receipt(
                     ref_msg_id=None,
                     attempt_id=aid,
-                    receipt_id=id_hex(receipt["id"]),
+                    receipt_id=id_hex(attempt["receipt_id"]),
                     outcome="replayed",
-                    task_state=receipt["task_state"],
+                    task_state=attempt["receipt_task_state"],
                 )
             else:
                 # The token's attempt already ended with another report: the token is stale
                 # for any other outcome. Kept as evidence; the task is untouched.
                 reason = "report_already_applied"
                 await record_late(tx, ns, rep, attempt, digests[idx], t, reason)
-                out[idx] = _Late(attempt["state"], applied=receipt["operation"])
+                out[idx] = _Late(attempt["state"], applied=attempt["receipt_op"])
             continue
         touched.add(task["id"])
         reason = "attempt_not_current"
@@ -180,7 +177,11 @@ async def _round(
             )
             continue
         plan = plan_report(ns, task, attempt, rep, t)
-        attempt_rows[(ns, attempt["id"])] = plan.finish
+        receipt_id = new_id()
+        attempt_rows[(ns, attempt["id"])] = {
+            **plan.finish, "receipt_id": receipt_id, "receipt_op": rep.op,
+            "receipt_digest": digests[idx], "receipt_task_state": plan.state,
+        }  # fmt: skip
         task_rows[(ns, task["id"])] = plan.end_run
         unfinished, reservations, active = transitions.usage_delta("RUNNING", plan.state)
         for deltas, key in ((app_deltas, task["owner_id"]), (queue_deltas, (ns, task["queue_id"]))):
@@ -189,12 +190,6 @@ async def _round(
             d[1] += reservations
             d[2] += active
         ended[ns].append((rep.attempt_id, task.get("concurrency_key_digest")))
-        receipt_id = new_id()
-        receipt_rows.append({
-            "namespace_id": ns, "id": receipt_id, "attempt_id": rep.attempt_id,
-            "operation": rep.op, "request_digest": digests[idx], "task_state": plan.state,
-            "created_at": t,
-        })  # fmt: skip
         changes.append((ns, (plan.after, plan.event, plan.data)))
         out[idx] = wire.Receipt(
             ref_msg_id=None,
@@ -204,9 +199,9 @@ async def _round(
             task_state=plan.state,
         )
     # The writes in ONE round trip (then the result events' INSERT): the guarded UPDATEs of
-    # the attempts and of the tasks (one statement each for the whole round), the summed
-    # usage deltas, the ended attempts' key permits (the permit level, per namespace in
-    # order), the receipts, the events — in that order.
+    # the attempts (with their receipts) and of the tasks (one statement each for the whole
+    # round), the summed usage deltas, the ended attempts' key permits (the permit level, per
+    # namespace in order), the events — in that order.
     assert t is not None or not attempt_rows
     statements = (
         [store.attempts_finish_statement(attempt_rows, t), store.tasks_end_run_statement(task_rows, t)]
@@ -217,12 +212,10 @@ async def _round(
         {a: (d[0], d[1], d[2]) for a, d in app_deltas.items()},
         {q: (d[0], d[1], d[2]) for q, d in queue_deltas.items()},
     )
-    receipts_sql = [store.receipts_insert_statement(receipt_rows)] if receipt_rows else []
     counts, *_ = await tx.pipeline(
         tx.execute_batch(statements),
         tx.execute_batch(usage),
         *(permits.release_many(tx, ns, ended[ns], t) for ns in sorted(ended) if t is not None),
-        tx.execute_batch(receipts_sql),
         transitions.record_across(tx, changes, now=t),
     )
     if counts != [len(attempt_rows)] * len(counts):  # pragma: no cover - every row is locked

@@ -1,29 +1,59 @@
 -- Raw events, result events and the per-namespace result sequence (orbit_events,
 -- orbit_result_events, orbit_event_streams). Every query filters namespace_id first.
 
--- name: event_insert
-INSERT INTO orbit_events
-  (namespace_id, id, type, subject_kind, subject_id, data, request_id, created_at)
-VALUES
-  (%(namespace_id)s, %(id)s, %(type)s, %(subject_kind)s, %(subject_id)s, %(data)s,
-   %(request_id)s, COALESCE(%(created_at)s, UTC_TIMESTAMP(6)))
-
--- name: event_insert_many
+-- name: event_batch_insert_many
 -- Plain placeholders only, so the driver sends one multi-row INSERT: created_at is required.
-INSERT INTO orbit_events
-  (namespace_id, id, type, subject_kind, subject_id, data, request_id, created_at)
+INSERT INTO orbit_event_batches
+  (namespace_id, id, type, subject_kind, subjects, entries, created_at)
 VALUES
-  (%(namespace_id)s, %(id)s, %(type)s, %(subject_kind)s, %(subject_id)s, %(data)s,
-   %(request_id)s, %(created_at)s)
+  (%(namespace_id)s, %(id)s, %(type)s, %(subject_kind)s, %(subjects)s, %(entries)s,
+   %(created_at)s)
 
 -- name: clock_now
 SELECT UTC_TIMESTAMP(6) AS now
 
 -- name: event_list_for_subject
+-- Rows written before raw events were batches (orbit_event_batches), on ix_orbit_events_subject.
 SELECT namespace_id, id, type, subject_kind, subject_id, data, request_id, created_at
 FROM orbit_events
 WHERE namespace_id = %(namespace_id)s AND subject_kind = %(subject_kind)s
   AND subject_id = %(subject_id)s
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: event_list_window
+-- Rows written before raw events were batches, of a namespace in a time window
+-- (ix_orbit_events_created); NULL bounds are open.
+SELECT namespace_id, id, type, subject_kind, subject_id, data, request_id, created_at
+FROM orbit_events
+WHERE namespace_id = %(namespace_id)s
+  AND (%(since)s IS NULL OR created_at >= %(since)s)
+  AND (%(until)s IS NULL OR created_at < %(until)s)
+  AND (%(type)s IS NULL OR type = %(type)s)
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: event_batch_list
+-- The batch rows of a namespace in a time window (ix_orbit_event_batches_created); NULL
+-- bounds are open.
+SELECT namespace_id, id, type, subject_kind, subjects, entries, created_at
+FROM orbit_event_batches
+WHERE namespace_id = %(namespace_id)s
+  AND (%(since)s IS NULL OR created_at >= %(since)s)
+  AND (%(until)s IS NULL OR created_at < %(until)s)
+  AND (%(type)s IS NULL OR type = %(type)s)
+ORDER BY created_at, id
+LIMIT %(limit)s
+
+-- name: event_batch_list_for_subject
+-- The batch rows of a namespace in a time window that name one subject: the window's range
+-- of ix_orbit_event_batches_created, each row's entries searched for the subject's id.
+SELECT namespace_id, id, type, subject_kind, subjects, entries, created_at
+FROM orbit_event_batches
+WHERE namespace_id = %(namespace_id)s AND subject_kind = %(subject_kind)s
+  AND (%(since)s IS NULL OR created_at >= %(since)s)
+  AND (%(until)s IS NULL OR created_at < %(until)s)
+  AND JSON_SEARCH(entries, 'one', %(subject_hex)s, NULL, '$[*].subject_id') IS NOT NULL
 ORDER BY created_at, id
 LIMIT %(limit)s
 

@@ -17,15 +17,57 @@ async def clock_now(tx: Tx) -> datetime:
     return value
 
 
-async def event_insert(tx: Tx, row: dict[str, Any]) -> None:
-    """Insert one raw event; ``created_at`` None means the database clock."""
-    await tx.execute(Q.event_insert, row)
-
-
-async def event_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert raw events in one multi-row INSERT (``created_at`` must be set)."""
+async def event_batch_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert raw-event batch rows in one multi-row INSERT (``created_at`` must be set)."""
     if rows:
-        await tx.executemany(Q.event_insert_many, rows)
+        await tx.executemany(Q.event_batch_insert_many, rows)
+
+
+async def event_batch_list(
+    tx: Tx,
+    namespace_id: bytes,
+    since: datetime | None,
+    until: datetime | None,
+    type: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    return await tx.fetchall(
+        Q.event_batch_list,
+        {"namespace_id": namespace_id, "since": since, "until": until, "type": type,
+         "limit": limit},
+    )  # fmt: skip
+
+
+async def event_batch_list_for_subject(
+    tx: Tx,
+    namespace_id: bytes,
+    subject_kind: str,
+    subject_hex: str,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    return await tx.fetchall(
+        Q.event_batch_list_for_subject,
+        {"namespace_id": namespace_id, "subject_kind": subject_kind, "subject_hex": subject_hex,
+         "since": since, "until": until, "limit": limit},
+    )  # fmt: skip
+
+
+async def event_list_window(
+    tx: Tx,
+    namespace_id: bytes,
+    since: datetime | None,
+    until: datetime | None,
+    type: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Legacy per-subject rows (``orbit_events``) of a namespace in a time window."""
+    return await tx.fetchall(
+        Q.event_list_window,
+        {"namespace_id": namespace_id, "since": since, "until": until, "type": type,
+         "limit": limit},
+    )  # fmt: skip
 
 
 async def event_list_for_subject(

@@ -1,4 +1,4 @@
--- Attempts (pulse_attempts), their receipts (pulse_attempt_receipts) and evidence
+-- Attempts (pulse_attempts, with the receipt of their applied report) and evidence
 -- (pulse_attempt_evidence), plus the worker-side task transitions: lease (offer), start,
 -- heartbeat, release, finish, retry, review.
 --
@@ -240,19 +240,6 @@ FROM pulse_attempts
 WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 ORDER BY generation, offered_at
 
--- name: receipt_get_for_attempt
-SELECT namespace_id, id, attempt_id, operation, request_digest, task_state, created_at
-FROM pulse_attempt_receipts
-WHERE namespace_id = %(namespace_id)s AND attempt_id = %(attempt_id)s
-
--- name: receipt_insert
--- Unique per attempt (uq_pulse_attempt_receipts_report): one applied report each.
-INSERT INTO pulse_attempt_receipts
-  (namespace_id, id, attempt_id, operation, request_digest, task_state, created_at)
-VALUES
-  (%(namespace_id)s, %(id)s, %(attempt_id)s, %(operation)s, %(request_digest)s,
-   %(task_state)s, %(now)s)
-
 -- name: evidence_insert
 INSERT INTO pulse_attempt_evidence
   (namespace_id, id, attempt_id, task_id, kind, result, data, created_at)
@@ -321,11 +308,6 @@ SELECT q.id, q.lease_ms,
    AS gate_closed
 FROM pulse_queues q
 WHERE q.namespace_id = %(namespace_id)s AND q.id IN %(ids)s
-
--- name: receipt_get_many
-SELECT namespace_id, id, attempt_id, operation, request_digest, task_state, created_at
-FROM pulse_attempt_receipts
-WHERE namespace_id = %(namespace_id)s AND attempt_id IN %(ids)s
 
 -- name: queue_start_limits_many
 -- Unlocked probe: does any of these queues limit starts (permits or start rate)? Then the
@@ -405,7 +387,8 @@ FOR UPDATE
 -- database clock, read once the locks are held).
 SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
   concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
-  retryable, revision, CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+  retryable, receipt_id, receipt_op, receipt_digest, receipt_task_state, revision,
+  CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
 FROM pulse_attempts
 WHERE /*keys namespace_id id*/
 ORDER BY namespace_id, id
@@ -423,11 +406,6 @@ SELECT q.namespace_id, q.id, q.lease_ms,
    WHERE g.namespace_id = q.namespace_id AND g.queue_id IN (%s, q.id)) AS gate_closed
 FROM pulse_queues q
 WHERE /*keys q.namespace_id q.id*/
-
--- name: receipt_get_keys
-SELECT namespace_id, id, attempt_id, operation, request_digest, task_state, created_at
-FROM pulse_attempt_receipts
-WHERE /*keys namespace_id attempt_id*/
 
 -- name: usage_lock_for_start_keys
 -- usage_lock_for_start for many namespaces: the owners' application rows (sorted), then the

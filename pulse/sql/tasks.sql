@@ -88,8 +88,8 @@ LIMIT %(limit)s
 -- Bulk cancel: not-yet-cancelled tasks of the filter (WAITING, LEASED, RUNNING without a
 -- cancel request yet), read without locks; the caller locks them by id afterwards. The
 -- state IN list is a range on the index named in the hint, so tasks finished by earlier
--- batches are never scanned again (without the hint the optimizer may pick the
--- cross-namespace ix_pulse_tasks_lease).
+-- batches are never scanned again (without the hint the optimizer may pick a
+-- cross-namespace index).
 SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_owner)
 WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
   AND state IN ('WAITING', 'LEASED', 'RUNNING')
@@ -191,11 +191,12 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)
 
 -- name: task_expire_candidates
 -- Cross-namespace background scan (allow-listed): WAITING tasks past their deadline,
--- on ix_pulse_tasks_deadline, read without locks. The sweep then locks the usage rows
--- (lock order) and the tasks with task_lock_expired_many.
+-- on ix_pulse_tasks_deadline_due (deadline_due: a WAITING task's deadline, NULL otherwise),
+-- read without locks. The sweep then locks the usage rows (lock order) and the tasks with
+-- task_lock_expired_many.
 SELECT namespace_id, id, queue_id, owner_id FROM pulse_tasks
-WHERE state = 'WAITING' AND deadline_at <= %(now)s
-ORDER BY deadline_at
+WHERE deadline_due <= %(now)s
+ORDER BY deadline_due
 LIMIT %(limit)s
 
 -- name: task_lock_expired_many

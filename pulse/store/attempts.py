@@ -206,17 +206,6 @@ async def attempt_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> 
 # -- receipts and evidence -------------------------------------------------------------------
 
 
-async def receipt_get_for_attempt(tx: Tx, namespace_id: bytes, attempt_id: bytes) -> Row | None:
-    return await tx.fetchone(
-        Q.receipt_get_for_attempt, {"namespace_id": namespace_id, "attempt_id": attempt_id}
-    )
-
-
-async def receipt_insert(tx: Tx, row: Row) -> None:
-    """DuplicateKey(``uq_pulse_attempt_receipts_report``) when the attempt has one already."""
-    await tx.execute(Q.receipt_insert, row)
-
-
 async def evidence_insert(tx: Tx, row: Row) -> None:
     await tx.execute(Q.evidence_insert, row)
 
@@ -283,13 +272,6 @@ async def queue_start_context_many(
 ) -> dict[bytes, Row]:
     """``lease_ms`` and ``gate_closed`` (namespace or queue gate) of many queues, by id."""
     return await _by_id(tx, Q.queue_start_context_many, namespace_id, ids, zero_id=zero_id)
-
-
-async def receipt_get_many(
-    tx: Tx, namespace_id: bytes, attempt_ids: Sequence[bytes]
-) -> dict[bytes, Row]:
-    """Receipts of many attempts, by attempt id."""
-    return await _by_id(tx, Q.receipt_get_many, namespace_id, attempt_ids, key="attempt_id")
 
 
 async def usage_lock_for_start(

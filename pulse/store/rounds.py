@@ -71,14 +71,6 @@ async def queue_start_context_keys(tx: Tx, keys: KeySet, zero_id: bytes) -> dict
     return _by_key(await tx.fetchall(sql, args))
 
 
-async def receipt_get_keys(tx: Tx, keys: KeySet) -> dict[Key, Row]:
-    """Receipts of many attempts, by (namespace, attempt id)."""
-    if not keys:
-        return {}
-    sql, args = expand(Q.receipt_get_keys, keys)
-    return _by_key(await tx.fetchall(sql, args), "attempt_id")
-
-
 async def usage_lock_for_start_keys(
     tx: Tx, queues: KeySet, owner_ids: Sequence[bytes]
 ) -> tuple[dict[bytes, bool], dict[Key, bool]]:
@@ -148,13 +140,21 @@ def tasks_start_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) 
 
 
 def attempts_finish_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
-    """RUNNING → its end state for the attempts of many namespaces (``attempt_finish_if_running``
-    per row): each row is ``{"state", "result", "error", "retryable", "revision"}``."""
+    """RUNNING → its end state for the attempts of many namespaces, with the applied report's
+    receipt (``attempt_finish_if_running`` per row): each row is ``{"state", "result",
+    "error", "retryable", "revision"}``, plus for a report ``{"receipt_id", "receipt_op",
+    "receipt_digest", "receipt_task_state"}`` (``receipt_at`` is ``now``)."""
     by_id = {k[1]: v for k, v in rows.items()}
     sets: list[str] = []
     args: list[Any] = []
-    for column in ("state", "result", "error", "retryable"):
-        sql, a = case_by_id(column, {i: r[column] for i, r in by_id.items()})
+    receipts = ("receipt_id", "receipt_op", "receipt_digest", "receipt_task_state")
+    columns = ("state", "result", "error", "retryable")
+    if any("receipt_id" in r for r in by_id.values()):
+        columns += receipts
+        sets.append("receipt_at = %s")
+        args.append(now)
+    for column in columns:
+        sql, a = case_by_id(column, {i: r.get(column) for i, r in by_id.items()})
         sets.append(sql)
         args += a
     where, where_args = _where(KeySet(rows))
@@ -193,24 +193,6 @@ def tasks_end_run_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime
         + " AND state = 'RUNNING' AND " + current + " AND " + guard
     )  # fmt: skip
     return sql, [*args, now, *where_args, *current_args, *guard_args]
-
-
-_RECEIPT_COLUMNS = ("namespace_id", "id", "attempt_id", "operation", "request_digest",
-                    "task_state", "created_at")  # fmt: skip
-
-
-def receipts_insert_statement(rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[Any]]:
-    """One multi-row INSERT of receipts (``receipt_insert`` per row); each row has the
-    columns of :data:`_RECEIPT_COLUMNS`."""
-    values = "(" + ", ".join(["%s"] * len(_RECEIPT_COLUMNS)) + ")"
-    sql = (
-        "INSERT INTO pulse_attempt_receipts (" + ", ".join(_RECEIPT_COLUMNS) + ") VALUES "
-        + ", ".join([values] * len(rows))
-    )  # fmt: skip
-    args: list[Any] = []
-    for r in rows:
-        args += [r[c] for c in _RECEIPT_COLUMNS]
-    return sql, args
 
 
 # -- heartbeats ------------------------------------------------------------------------------

@@ -167,9 +167,8 @@ def snapshot(
             recs.append({"op": "db.attempt", "task": _hex(tid), "attempt": _hex(aid), "gen": int(gen),
                          "state": state, "started": started is not None})  # fmt: skip
         for tid, aid, gen, rid, operation in rows(
-            "SELECT a.task_id, r.attempt_id, a.generation, r.id, r.operation FROM pulse_attempt_receipts r"
-            " JOIN pulse_attempts a ON a.namespace_id = r.namespace_id AND a.id = r.attempt_id"
-            " WHERE r.namespace_id = %s", (ns,)
+            "SELECT task_id, id, generation, receipt_id, receipt_op FROM pulse_attempts"
+            " WHERE namespace_id = %s AND receipt_id IS NOT NULL", (ns,)
         ):  # fmt: skip
             recs.append({"op": "db.receipt", "task": _hex(tid), "attempt": _hex(aid), "gen": int(gen),
                          "receipt": _hex(rid), "operation": operation})  # fmt: skip

@@ -14,6 +14,7 @@ import httpx
 import msgspec
 import pytest
 import websockets
+from event_rows import raw_events
 from orbit_sdk.wire import SessionClosed
 from platform_fixtures import add_key, bearer
 from test_pulse_worker_ws import Live, Worker, get_task, open_session, stream_url, submit
@@ -50,10 +51,8 @@ async def _close(http: httpx.AsyncClient, t: Any, created: dict[str, Any]) -> ht
 
 async def _session_events(db, t, sid: str) -> list[dict[str, Any]]:
     async def run(tx: Tx) -> list[dict[str, Any]]:
-        return await tx.fetchall(
-            "SELECT type, data FROM orbit_events WHERE namespace_id = %s"
-            " AND subject_kind = 'worker_session' AND subject_id = %s",
-            (t.namespace_id, bytes.fromhex(sid)),
+        return await raw_events(
+            tx, t.namespace_id, subject_kind="worker_session", subject_id=bytes.fromhex(sid)
         )
 
     return await db.read(run)

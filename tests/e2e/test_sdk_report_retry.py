@@ -211,8 +211,8 @@ async def _attempts(db: Database, t: Any, task_id: str) -> list[dict[str, Any]]:
 async def _receipts(db: Database, t: Any, attempt_id: bytes) -> list[dict[str, Any]]:
     return await _row(
         db,
-        "SELECT operation, task_state FROM pulse_attempt_receipts"
-        " WHERE namespace_id = %s AND attempt_id = %s",
+        "SELECT receipt_op AS operation, receipt_task_state AS task_state FROM pulse_attempts"
+        " WHERE namespace_id = %s AND id = %s AND receipt_id IS NOT NULL",
         (t.namespace_id, attempt_id),
     )
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from event_rows import raw_events
 from orbit_sdk import TaskContext, Worker
 from orbit_sdk._backoff import Backoff
 from test_pulse_worker_ws import Live
@@ -223,10 +224,8 @@ async def _evidence_kinds(db, t, task_id: str) -> list[str]:
 
 async def _event_types(db, t, task_id: str) -> list[str]:
     async def run(tx: Tx) -> list[str]:
-        rows = await tx.fetchall(
-            "SELECT type FROM orbit_events WHERE namespace_id = %s AND subject_kind = 'task'"
-            " AND subject_id = %s",
-            (t.namespace_id, bytes.fromhex(task_id)),
+        rows = await raw_events(
+            tx, t.namespace_id, subject_kind="task", subject_id=bytes.fromhex(task_id)
         )
         return [r["type"] for r in rows]
 

@@ -214,9 +214,8 @@ async def check_invariants(db: Database, namespace_id: bytes) -> None:
             )
             assert held <= s["max_concurrency"], f"session holds {held} > {s['max_concurrency']}"
         receipts = await tx.fetchall(
-            "SELECT r.attempt_id, a.state FROM pulse_attempt_receipts r JOIN pulse_attempts a"
-            " ON a.namespace_id = r.namespace_id AND a.id = r.attempt_id"
-            " WHERE r.namespace_id = %s",
+            "SELECT id AS attempt_id, state FROM pulse_attempts"
+            " WHERE namespace_id = %s AND receipt_id IS NOT NULL",
             ns,
         )
         for rc in receipts:

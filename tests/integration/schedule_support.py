@@ -13,8 +13,10 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+import pymysql
 import pytest
 from conftest import create_database, drop_database
+from event_rows import raw_events
 from platform_fixtures import raw_query
 from pulse_fixtures import Tenant, make_tenant
 
@@ -121,11 +123,10 @@ async def schedule_tasks(db: Database, t: Tenant) -> list[dict[str, Any]]:
 
 async def schedule_events(db: Database, t: Tenant, schedule_id: bytes) -> list[dict[str, Any]]:
     async def run(tx: Tx) -> list[dict[str, Any]]:
-        return await tx.fetchall(
-            "SELECT type, data FROM orbit_events WHERE namespace_id = %s"
-            " AND subject_kind = 'schedule' AND subject_id = %s ORDER BY created_at, type",
-            (t.namespace_id, schedule_id),
+        rows = await raw_events(
+            tx, t.namespace_id, subject_kind="schedule", subject_id=schedule_id
         )
+        return sorted(rows, key=lambda r: (r["created_at"], r["type"]))
 
     return await db.read(run)
 

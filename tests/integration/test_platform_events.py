@@ -120,7 +120,7 @@ async def test_snapshot_json_is_kept_byte_for_byte(db: Database) -> None:
 
 
 async def test_raw_events_single_and_batch(db: Database) -> None:
-    ns, subject = new_id(), new_id()
+    ns, subject, other = new_id(), new_id(), new_id()
 
     async def run(tx: Tx) -> list[bytes]:
         one = await events.append_event(
@@ -130,19 +130,35 @@ async def test_raw_events_single_and_batch(db: Database) -> None:
             tx,
             ns,
             [
-                NewEvent(type=f"task.t{i}", subject_kind="task", subject_id=subject)
-                for i in range(3)
+                *(NewEvent(type="task.t", subject_kind="task", subject_id=s, data={"i": i})
+                  for i, s in enumerate([subject, other, subject])),
+                NewEvent(type="queue.x", subject_kind="queue", subject_id=other),
             ],
         )
         return [one, *many]
 
     ids = await db.transaction(run)
+    # One batch row per (event type, subject kind) of the transaction.
+    assert len(ids) == 3
 
-    async def read(tx: Tx) -> list[dict[str, object]]:
-        return await events.list_subject_events(tx, ns, "task", subject)
+    async def read(tx: Tx) -> tuple[list[events.RawEvent], list[events.RawEvent], int]:
+        rows = await tx.fetchall(
+            "SELECT subjects FROM orbit_event_batches WHERE namespace_id = %s ORDER BY subjects",
+            (ns,),
+        )
+        assert [int(r["subjects"]) for r in rows] == [1, 1, 3]
+        return (
+            await events.subject_events(tx, ns, "task", subject),
+            await events.namespace_events(tx, ns),
+            len(rows),
+        )
 
-    rows = await db.read(read)
-    assert sorted(bytes(r["id"]) for r in rows) == sorted(ids)  # type: ignore[arg-type]
-    first = next(r for r in rows if r["type"] == "task.accepted")
-    assert first["request_id"] == "req-1"
-    assert msgspec.json.decode(first["data"]) == {"queue": "q"}  # type: ignore[arg-type]
+    mine, everything, batches = await db.read(read)
+    assert batches == 3
+    assert [(e.type, e.data) for e in mine] == [
+        ("task.accepted", {"queue": "q"}), ("task.t", {"i": 0}), ("task.t", {"i": 2}),
+    ]  # fmt: skip
+    assert mine[0].request_id == "req-1" and mine[1].request_id is None
+    assert all(e.subject_id == subject for e in mine)
+    assert len(everything) == 5
+    assert {e.subject_kind for e in everything} == {"task", "queue"}

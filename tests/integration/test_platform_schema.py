@@ -58,6 +58,10 @@ def base_rows() -> dict[str, dict[str, Any]]:
             "namespace_id": rid(), "id": rid(), "type": "task.accepted", "subject_kind": "task",
             "subject_id": rid(), "data": "{}", "created_at": NOW,
         },
+        "orbit_event_batches": {
+            "namespace_id": rid(), "id": rid(), "type": "task.accepted", "subject_kind": "task",
+            "subjects": 1, "entries": '[{"subject_id": null, "data": {}}]', "created_at": NOW,
+        },
         "orbit_event_streams": {"namespace_id": rid(), "last_seq": 0, "updated_at": NOW},
         "orbit_result_events": {
             "namespace_id": rid(), "seq": 1, "event_id": rid(), "type": "task.succeeded",
@@ -129,6 +133,8 @@ CHECKS: list[tuple[str, dict[str, Any], str]] = [
     ("orbit_idempotency_keys", {"response_body": None}, "ck_orbit_idempotency_keys_response"),
     ("orbit_idempotency_keys", {"expires_at": NOW}, "ck_orbit_idempotency_keys_expiry"),
     ("orbit_events", {"data": "not json"}, "ck_orbit_events_data|\\.data`"),
+    ("orbit_event_batches", {"entries": "not json"}, "ck_orbit_event_batches_entries"),
+    ("orbit_event_batches", {"subjects": 0}, "ck_orbit_event_batches_subjects"),
     ("orbit_result_events", {"type": "task.exploded"}, "ck_orbit_result_events_type"),
     ("orbit_result_events", {"state": "RUNNING"}, "ck_orbit_result_events_state"),
     ("orbit_result_events", {"type": "task.failed"}, "ck_orbit_result_events_type_state"),
@@ -194,7 +200,7 @@ def test_every_platform_check_is_exercised(conn: pymysql.connections.Connection)
     assert names <= tested, f"untested checks: {sorted(names - tested)}"
 
 
-IMMUTABLE = ["orbit_events", "orbit_result_events", "orbit_audit_events"]
+IMMUTABLE = ["orbit_event_batches", "orbit_events", "orbit_result_events", "orbit_audit_events"]
 
 
 @pytest.mark.parametrize("table", IMMUTABLE)

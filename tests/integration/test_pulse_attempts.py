@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from pulse_worker_support import (
     check_invariants,
     connect,
@@ -66,10 +67,8 @@ async def result_events(db, t, task_id: str) -> list[dict]:
 
 async def raw_event_types(db, t, task_id: str) -> list[str]:
     async def run(tx: Tx) -> list[str]:
-        rows = await tx.fetchall(
-            "SELECT type FROM orbit_events WHERE namespace_id = %s AND subject_kind = 'task'"
-            " AND subject_id = %s ORDER BY created_at, id",
-            (t.namespace_id, bytes.fromhex(task_id)),
+        rows = await raw_events(
+            tx, t.namespace_id, subject_kind="task", subject_id=bytes.fromhex(task_id)
         )
         return [r["type"] for r in rows]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from pulse_worker_support import FakeConn, check_invariants, connect, open_session, task_row
 
 from orbit.errors import InvalidRequest, StaleToken
@@ -374,11 +375,7 @@ async def test_events_carry_the_rows_as_written(db, tenant, hub) -> None:
         tasks = await tx.fetchall(
             "SELECT * FROM pulse_tasks WHERE namespace_id = %s ORDER BY id", (t.namespace_id,)
         )
-        raw = await tx.fetchall(
-            "SELECT subject_id, type, data FROM orbit_events WHERE namespace_id = %s"
-            " AND subject_kind = 'task' ORDER BY created_at, id",
-            (t.namespace_id,),
-        )
+        raw = await raw_events(tx, t.namespace_id, subject_kind="task")
         res = await tx.fetchall(
             "SELECT * FROM orbit_result_events WHERE namespace_id = %s", (t.namespace_id,)
         )
@@ -439,11 +436,7 @@ async def test_grouped_single_submits_answer_each_as_alone(db, tenant) -> None:
     assert counts["usage"] == counts["rows"] and counts["rows"]["unfinished_tasks"] == 3
 
     async def events(tx: Tx) -> dict:
-        rows = await tx.fetchall(
-            "SELECT subject_id, request_id FROM orbit_events WHERE namespace_id = %s"
-            " AND type = 'task.accepted'",
-            (t.namespace_id,),
-        )
+        rows = await raw_events(tx, t.namespace_id, type="task.accepted")
         return {id_hex(r["subject_id"]): r["request_id"] for r in rows}
 
     by_task = await db.read(events)

@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from event_rows import raw_events
 from pulse_worker_support import check_invariants, connect, open_session, task_row
 
 from orbit.ids import id_hex, parse_id
@@ -152,10 +153,7 @@ async def test_offers_write_leased_events_and_reservations(db, tenant, hub) -> N
             "SELECT reservations FROM pulse_queue_usage WHERE namespace_id = %s AND queue_id = %s",
             (t.namespace_id, t.queue_id),
         )
-        events = await tx.fetchval(
-            "SELECT COUNT(*) FROM orbit_events WHERE namespace_id = %s AND type = 'task.leased'",
-            (t.namespace_id,),
-        )
+        events = len(await raw_events(tx, t.namespace_id, type="task.leased"))
         return int(usage["reservations"]), int(events)
 
     assert await db.read(run) == (4, 4)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from event_rows import raw_events
 from pulse_fixtures import force_state
 
 from orbit.audit import Actor
@@ -19,11 +20,7 @@ from pulse.types import QueuePut, RetryPolicy
 
 async def _raw_events(db: Database, ns: bytes, kind: str) -> list[dict]:
     async def run(tx: Tx) -> list[dict]:
-        return await tx.fetchall(
-            "SELECT type, subject_id FROM orbit_events WHERE namespace_id = %s"
-            " AND subject_kind = %s ORDER BY created_at, id",
-            (ns, kind),
-        )
+        return await raw_events(tx, ns, subject_kind=kind)
 
     return await db.read(run)
 

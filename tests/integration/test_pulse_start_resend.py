@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from pulse_worker_support import check_invariants, connect, open_session, task_row
 
 from orbit.errors import StaleToken
@@ -39,10 +40,8 @@ async def _started(db, hub, t, **submit):
 
 async def _events(db, t, task_id: str) -> list[dict]:
     async def run(tx: Tx) -> list[dict]:
-        return await tx.fetchall(
-            "SELECT type, data FROM orbit_events WHERE namespace_id = %s"
-            " AND subject_kind = 'task' AND subject_id = %s",
-            (t.namespace_id, bytes.fromhex(task_id)),
+        return await raw_events(
+            tx, t.namespace_id, subject_kind="task", subject_id=bytes.fromhex(task_id)
         )
 
     return await db.read(run)

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from pulse_fixtures import recount
 
 from orbit.errors import IdempotencyMismatch, InvalidRequest
@@ -279,9 +280,7 @@ async def test_idempotency_key_replays(db, tenant) -> None:
 
 async def _event_count(db: Database, ns: bytes) -> int:
     async def run(tx: Tx) -> int:
-        return int(
-            await tx.fetchval("SELECT COUNT(*) FROM orbit_events WHERE namespace_id = %s", (ns,))
-        )
+        return len(await raw_events(tx, ns))
 
     return await db.read(run)
 
@@ -291,10 +290,7 @@ async def test_accept_writes_raw_event(db, tenant) -> None:
     task = await t.submit()
 
     async def run(tx: Tx) -> list[dict]:
-        return await tx.fetchall(
-            "SELECT type, data FROM orbit_events WHERE namespace_id = %s AND subject_id = %s",
-            (t.namespace_id, bytes.fromhex(task["id"])),
-        )
+        return await raw_events(tx, t.namespace_id, subject_id=bytes.fromhex(task["id"]))
 
     rows = await db.read(run)
     assert [r["type"] for r in rows] == ["task.accepted"]

@@ -7,6 +7,7 @@ import asyncio
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from pulse_fixtures import force_state, recount
 
 from orbit.storage import Database, Tx
@@ -27,11 +28,7 @@ async def events_of(db: Database, ns: bytes, task_id: str) -> tuple[list[str], l
     tid = bytes.fromhex(task_id)
 
     async def run(tx: Tx) -> tuple[list[str], list[dict]]:
-        raw = await tx.fetchall(
-            "SELECT type FROM orbit_events WHERE namespace_id = %s AND subject_id = %s"
-            " ORDER BY created_at, id",
-            (ns, tid),
-        )
+        raw = await raw_events(tx, ns, subject_id=tid)
         res = await tx.fetchall(
             "SELECT seq, type, state, error, attempts, finished_at FROM orbit_result_events"
             " WHERE namespace_id = %s AND task_id = %s ORDER BY seq",

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from event_rows import raw_events
 from pulse_fixtures import Tenant, force_state
 
 from orbit.errors import InvalidRequest
@@ -44,10 +45,8 @@ async def elapse(db: Database, t: Tenant, task_id: str, seconds: float) -> None:
 
 async def stuck_events(db: Database, t: Tenant, task_id: str) -> list[dict[str, Any]]:
     async def run(tx: Tx) -> list[dict[str, Any]]:
-        return await tx.fetchall(
-            "SELECT type, data FROM orbit_events WHERE namespace_id = %s AND subject_id = %s"
-            " AND type = %s ORDER BY created_at, id",
-            (t.namespace_id, bytes.fromhex(task_id), transitions.EVENT_STUCK),
+        return await raw_events(
+            tx, t.namespace_id, type=transitions.EVENT_STUCK, subject_id=bytes.fromhex(task_id)
         )
 
     rows = await db.read(run)

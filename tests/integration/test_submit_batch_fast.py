@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import msgspec
+from event_rows import raw_events
 from pulse_fixtures import recount
 
 from orbit.storage import Database, Tx
@@ -46,11 +47,7 @@ async def _read_rows(db: Database, ns: bytes, ids: list[bytes]) -> dict[bytes, d
 
 async def _events(db: Database, ns: bytes) -> list[dict[str, Any]]:
     async def run(tx: Tx) -> list[dict[str, Any]]:
-        return await tx.fetchall(
-            "SELECT subject_id, type, data, request_id, created_at FROM orbit_events"
-            " WHERE namespace_id = %s AND subject_kind = 'task'",
-            (ns,),
-        )
+        return await raw_events(tx, ns, subject_kind="task")
 
     return await db.read(run)
 

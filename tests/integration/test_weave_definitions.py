@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from event_rows import raw_events
 from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, new_tenant, unique
 
 from orbit.audit import CLI_ACTOR
@@ -280,9 +281,8 @@ async def test_publish_writes_audit_and_event(
         (t.namespace_id, wid.hex()),
     )
     assert [(a["action"], a["outcome"]) for a in audit] == [("workflows.publish", "ok")]
-    events = await db.fetchall(
-        "SELECT type FROM orbit_events WHERE namespace_id = %s AND subject_kind = 'workflow' AND subject_id = %s",
-        (t.namespace_id, wid),
+    events = await db.read(
+        lambda tx: raw_events(tx, t.namespace_id, subject_kind="workflow", subject_id=wid)
     )
     assert [e["type"] for e in events] == ["workflow.version_published"]
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from weave_engine_support import Fail, Flow, Hold
 
 from orbit.audit import Actor
@@ -79,10 +80,8 @@ async def test_pause_during_a_running_task_then_resume(db: Database, tenant) -> 
     assert [p["state"] for p in pending] == ["DONE"]
     await flow.settle()
     assert (await flow.instance(iid))["output"] == "done"
-    events = await flow.rows(
-        "SELECT type FROM orbit_events WHERE namespace_id = %s AND subject_id = %s"
-        " ORDER BY created_at, id",
-        bytes.fromhex(iid),
+    events = await flow.db.read(
+        lambda tx: raw_events(tx, flow.t.namespace_id, subject_id=bytes.fromhex(iid))
     )
     types = [e["type"] for e in events]
     for t in ("workflow.instance_started", "workflow.instance_paused",

@@ -257,7 +257,7 @@ async def test_check_trigger_and_time_limit_errors_are_surfaced_not_retried(
     async def trigger(tx: Tx) -> None:
         await tx.execute("UPDATE pulse_tasks SET kind = %s, revision = revision + 1"
                          " WHERE namespace_id = %s AND id = %s", (marker, t.namespace_id, tid))  # fmt: skip
-        await tx.execute("UPDATE orbit_events SET type = type WHERE namespace_id = %s LIMIT 1",
+        await tx.execute("UPDATE orbit_event_batches SET type = type WHERE namespace_id = %s LIMIT 1",
                          (t.namespace_id,))  # fmt: skip
 
     async def time_limit(tx: Tx) -> None:

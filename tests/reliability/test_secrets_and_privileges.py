@@ -52,7 +52,7 @@ from orbit.storage import DSN
 
 pytestmark = pytest.mark.process
 
-HISTORY_TABLES = ("orbit_events", "orbit_result_events", "orbit_audit_events",
+HISTORY_TABLES = ("orbit_event_batches", "orbit_events", "orbit_result_events", "orbit_audit_events",
                   "pulse_attempt_evidence", "pulse_schedule_versions",
                   "weave_definition_versions", "weave_poll_rounds")  # fmt: skip
 
@@ -251,4 +251,4 @@ def test_runtime_account_runs_the_server_and_cannot_rewrite_history(
             assert code == 1644, (what, code)
         else:
             assert code in (1644, None), (what, code)
-    assert rows["orbit_events"] and rows["orbit_result_events"] and rows["orbit_audit_events"]
+    assert rows["orbit_event_batches"] and rows["orbit_result_events"] and rows["orbit_audit_events"]

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from event_rows import raw_events
 from platform_fixtures import make_app
 
 import pulse.http
-from orbit.storage import Database
+from orbit.storage import Database, Tx
 
 
 @pytest.fixture
@@ -23,10 +24,10 @@ async def http(db: Database) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def _gate_rows(db: Database, namespace_id: bytes) -> tuple[list[str], list[str]]:
-    events = await db.fetchall(
-        "SELECT type FROM orbit_events WHERE namespace_id = %s AND type LIKE 'gate.%%'",
-        (namespace_id,),
-    )
+    async def run(tx: Tx) -> list[dict[str, object]]:
+        return await raw_events(tx, namespace_id, type_prefix="gate.")
+
+    events = await db.read(run)
     audits = await db.fetchall(
         "SELECT action FROM orbit_audit_events WHERE namespace_id = %s"
         " AND action IN ('queues.pause', 'queues.resume')",
