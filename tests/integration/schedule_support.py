@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-import pymysql
 import pytest
 from conftest import create_database, drop_database
 from event_rows import raw_events
