@@ -229,6 +229,6 @@ async def test_concurrent_same_key_requests_make_one_effect(db: Database) -> Non
     assert sorted(r.replayed for r in replies) == [False] + [True] * 7
 
     async def count(tx: Tx) -> int:
-        return len(await events.list_subject_events(tx, ns, "thing", subject))
+        return len(await events.subject_events(tx, ns, "thing", subject))
 
     assert await db.read(count) == 1

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from event_rows import raw_events
 from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, raw_query
 from pulse_fixtures import Tenant
 from pulse_worker_support import check_invariants, connect, open_session, task_row
@@ -95,11 +96,10 @@ async def test_rerun_a_failed_task(client: httpx.AsyncClient, tenant: Any, db: D
     other = await tenant()
     r = await client.post(url, json={"note": "x"}, headers=other.auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-    events = raw_query(
-        dsn, "SELECT type FROM orbit_events WHERE namespace_id = %s AND subject_id = %s"
-        " ORDER BY created_at, type", (t.namespace_id, bytes.fromhex(task_id)),
-    )  # fmt: skip
-    assert ("task.rerun",) in events
+    events = await db.read(
+        lambda tx: raw_events(tx, t.namespace_id, subject_id=bytes.fromhex(task_id))
+    )
+    assert "task.rerun" in [e["type"] for e in events]
     audited = raw_query(
         dsn, "SELECT COUNT(*) FROM orbit_audit_events WHERE namespace_id = %s"
         " AND action = 'tasks.retry' AND outcome = 'ok'", (t.namespace_id,),

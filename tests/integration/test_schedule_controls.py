@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from event_rows import raw_events
 from schedule_support import (  # noqa: F401 - sched_dsn_fixture, sdb_fixture: fixtures
     name,
     occurrences,
@@ -281,9 +282,7 @@ async def test_delete_keeps_history_and_frees_the_name(sdb: Database) -> None:
         o = await tx.fetchval(
             "SELECT COUNT(*) FROM pulse_schedule_occurrences WHERE namespace_id = %s"
             " AND schedule_id = %s", (t.namespace_id, sid))  # fmt: skip
-        e = await tx.fetchval(
-            "SELECT COUNT(*) FROM orbit_events WHERE namespace_id = %s AND subject_id = %s"
-            " AND type = 'schedule.deleted'", (t.namespace_id, sid))  # fmt: skip
+        e = len(await raw_events(tx, t.namespace_id, type="schedule.deleted", subject_id=sid))
         return int(v), int(o), int(e)
 
     assert await sdb.read(history) == (1, 2, 1)
