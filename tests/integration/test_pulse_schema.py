@@ -120,6 +120,7 @@ CHECKS: list[tuple[str, dict[str, Any], str]] = [
     ("pulse_attempts", {"state": "RUNNING"}, "ck_pulse_attempts_running_token"),
     ("pulse_attempts", {"state": "SUCCEEDED"}, "ck_pulse_attempts_finished"),
     ("pulse_attempts", {"result": "nope"}, "ck_pulse_attempts_result_json"),
+    ("pulse_attempts", {"receipt_id": b"r" * 16}, "ck_pulse_attempts_receipt"),
     ("pulse_attempt_evidence", {"result": "{"}, "ck_pulse_attempt_evidence_result_json"),
     ("pulse_effects", {"state": "COMMITTED"}, "ck_pulse_effects_committed"),
     ("pulse_effects", {"result": "]"}, "ck_pulse_effects_result_json"),
