@@ -89,23 +89,66 @@ class Connection:
 
 
 class WsConnection(Connection):
-    """A WebSocket stream: frames are sent one at a time (a send lock)."""
+    """A WebSocket stream: frames are sent one at a time (a send lock).
+
+    With ``batch`` (the worker offered the ``orbit.batch.v1`` subprotocol), the frames sent
+    while the event loop runs other work are gathered and written as ONE ``batch`` frame
+    (``{"type": "batch", "frames": [...]}``, each frame encoded once): the offers of a
+    dispatch round, the replies of the frames a worker sent together. Nothing waits for a
+    batch to fill: the write goes out as soon as the loop comes round to it.
+    """
 
     kind = "ws"
 
-    def __init__(self, info: SessionInfo, queues: Sequence[QueueRef], websocket: WebSocket) -> None:
+    def __init__(
+        self,
+        info: SessionInfo,
+        queues: Sequence[QueueRef],
+        websocket: WebSocket,
+        *,
+        batch: bool = False,
+    ) -> None:
         super().__init__(info, queues)
         self.websocket = websocket
+        self.batch = batch
         self._lock = asyncio.Lock()
         self._closer: asyncio.Task[None] | None = None
+        self._out: list[bytes] = []
+        self._flusher: asyncio.Task[bool] | None = None
+        #: Transport writes and frames sent through them (for tests and metrics).
+        self.writes = 0
+        self.frames_sent = 0
 
     async def send(self, frame: wire.ServerFrame) -> bool:
+        if self.closed:
+            return False
+        if not self.batch:
+            return await self._write(wire.encode(frame), 1)
+        self._out.append(wire.encode(frame))
+        flusher = self._flusher
+        if flusher is None or flusher.done():
+            flusher = self._flusher = asyncio.create_task(self._flush())
+        return await asyncio.shield(flusher)
+
+    async def _flush(self) -> bool:
+        await asyncio.sleep(0)  # the frames sent meanwhile go with this write
+        out, self._out = self._out, []
+        self._flusher = None
+        if not out:
+            return True
+        if len(out) == 1:
+            return await self._write(out[0], 1)
+        return await self._write(wire.BATCH_HEAD + b",".join(out) + b"]}", len(out))
+
+    async def _write(self, data: bytes, frames: int) -> bool:
         if self.closed:
             return False
         try:
             async with asyncio.timeout(SEND_TIMEOUT_S):
                 async with self._lock:
-                    await self.websocket.send_text(wire.encode(frame).decode())
+                    await self.websocket.send_text(data.decode())
+            self.writes += 1
+            self.frames_sent += frames
             return True
         except TimeoutError:
             log.warning(

@@ -212,6 +212,24 @@ def is_null(raw: msgspec.Raw | None) -> bool:
     return raw is None or bytes(raw).strip() == b"null"
 
 
+#: WebSocket subprotocol a worker offers to receive (and send) several frames in one
+#: ``batch`` frame: ``{"type": "batch", "frames": [frame, …]}`` (docs/api/workers.md).
+BATCH_SUBPROTOCOL = "orbit.batch.v1"
+#: The start of a batch frame as the server writes it (the frames follow, comma-separated).
+BATCH_HEAD = b'{"type":"batch","frames":['
+
+
+class BatchFrame(msgspec.Struct, tag="batch", tag_field="type"):
+    """Several frames sent together (only on a stream that negotiated
+    :data:`BATCH_SUBPROTOCOL`); each is handled as if it had come alone, in order."""
+
+    frames: list[msgspec.Raw]
+
+
+#: Decodes a batch frame (its frames stay raw until each is handled).
+BATCH_DECODER: msgspec.json.Decoder[BatchFrame] = msgspec.json.Decoder(BatchFrame)
+
+
 def encode(frame: ServerFrame | PollReply | SessionCreated | SessionClosed) -> bytes:
     """JSON bytes of a reply (business JSON copied verbatim)."""
     return _ENCODER.encode(frame)

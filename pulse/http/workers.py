@@ -249,8 +249,10 @@ async def stream(ws: WebSocket) -> None:
             return
         raise  # closed with 4401 by the error handler
     queues = await sessions.resolve_queues(ctx.db, info.namespace_id, info.queues)
-    await ws.accept()
-    conn = WsConnection(info, queues, ws)
+    # A worker that offers the batch subprotocol gets (and may send) several frames in one.
+    batch = wire.BATCH_SUBPROTOCOL in ws.scope.get("subprotocols", ())
+    await ws.accept(subprotocol=wire.BATCH_SUBPROTOCOL if batch else None)
+    conn = WsConnection(info, queues, ws, batch=batch)
     if not await _bind(ctx, hub, conn):
         await conn.close(CLOSE_SESSION_GONE, "session_expired")
         return
@@ -289,20 +291,40 @@ class _StreamReader:
                     break
                 if message["type"] == "websocket.disconnect":
                     break
-                if not self._budget.take():
-                    await self._over_budget("frame_budget", None)
-                    break
                 data = message.get("text")
                 raw = data.encode() if data is not None else message.get("bytes") or b""
-                await self._slots.acquire()
-                await self._tenant_slots.acquire()
-                task = asyncio.create_task(self._handle(raw))
-                self._tasks.add(task)
-                task.add_done_callback(self._done)
+                over = False
+                for frame in self._frames(raw):
+                    if not self._budget.take():
+                        await self._over_budget("frame_budget", None)
+                        over = True
+                        break
+                    await self._slots.acquire()
+                    await self._tenant_slots.acquire()
+                    task = asyncio.create_task(self._handle(frame))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._done)
+                if over:
+                    break
         finally:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             self._admission.leave(self.info.application_id)
+
+    def _frames(self, raw: bytes) -> list[bytes]:
+        """The frames of one WebSocket message: the frames of a ``batch`` frame on a stream
+        that negotiated it (each then counts against the budgets and is handled as if it had
+        come alone), else the message itself (a malformed batch gets its error there)."""
+        if not (self.conn.batch and raw.startswith(b'{"type":"batch"')):
+            return [raw]
+        if len(raw) > self.ctx.settings.max_body_bytes:
+            return [raw]
+        try:
+            check_depth(raw, self.ctx.settings.max_json_depth + 2)
+            batch = wire.BATCH_DECODER.decode(raw)
+        except (InvalidRequest, msgspec.ValidationError, msgspec.DecodeError):
+            return [raw]
+        return [bytes(f) for f in batch.frames]
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -44,6 +44,7 @@ class Server:
     url: str
     key: str
     namespace: str
+    hub: Any = None
 
 
 def _free_port() -> int:
@@ -73,7 +74,7 @@ async def server(db: Any) -> AsyncIterator[Server]:
             while not uv.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
                 await asyncio.sleep(0.01)
         boot = await bootstrap(db, f"sdk-{secrets.token_hex(4)}", "sdk")
-        yield Server(f"http://127.0.0.1:{port}", boot.key, boot.namespace)
+        yield Server(f"http://127.0.0.1:{port}", boot.key, boot.namespace, runtime.hub_of(ctx))
     finally:
         uv.should_exit = True
         for t in tasks[1:]:
@@ -142,6 +143,36 @@ async def test_batch_flows_through_a_real_worker_byte_exact(
         page = await orbit.tasks.events(after_seq=page.next_after_seq or 0, limit=500)
     assert set(seen) == ids and {e.type for e in seen.values()} == {"task.succeeded"}
     assert sorted(e.decode_result()["n"] for e in seen.values()) == list(range(20))
+
+
+async def test_the_worker_stream_batches_frames(server: Server, orbit: OrbitClient) -> None:
+    """The SDK offers the batch subprotocol; the server then writes the frames it sends
+    together (offers of a dispatch round, replies of frames that came together) as one
+    ``batch`` frame, and takes the worker's batches: fewer transport writes than frames."""
+    queue = await new_queue(orbit)
+    worker = new_worker(server, max_concurrency=16)
+
+    @worker.task(queue, "noop")
+    async def noop(ctx: TaskContext, payload: Any) -> Any:
+        return {"n": payload["n"]}
+
+    items = await orbit.tasks.submit_batch(
+        [TaskSpec(queue=queue, kind="noop", payload={"n": i}) for i in range(40)]
+    )
+    runner = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        done = await wait_all(orbit, [i.task.id for i in items if i.task])
+        conns = [c for c in server.hub.connections() if getattr(c, "batch", False)]
+        assert conns, "the stream did not negotiate batch frames"
+        writes = sum(c.writes for c in conns)
+        frames = sum(c.frames_sent for c in conns)
+    finally:
+        worker.drain()
+        await asyncio.wait_for(runner, 30)
+    assert [t.state for t in done] == ["SUCCEEDED"] * 40
+    assert [t.decode_result()["n"] for t in done] == list(range(40))
+    # 40 offers, 40 `started`, 40 receipts at least; several went out in one write.
+    assert frames >= 120 and writes < frames, (writes, frames)
 
 
 async def test_failures_retries_and_effects(server: Server, orbit: OrbitClient) -> None:

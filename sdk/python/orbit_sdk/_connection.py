@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI, WebSocketException
+from websockets.typing import Subprotocol
 
 from ._backoff import Backoff
 from ._endpoints import ws_url
@@ -46,6 +47,9 @@ from .errors import (
     error_from_code,
 )
 from .wire import (
+    BATCH_DECODER,
+    BATCH_HEAD,
+    BATCH_SUBPROTOCOL,
     SERVER_DECODER,
     Cancel,
     Offer,
@@ -171,6 +175,11 @@ class StreamConnection:
         self._ws: ClientConnection | None = None
         self._epoch = 0
         self._pending: dict[str, _Pending] = {}
+        #: The stream negotiated batch frames (the server speaks ``orbit.batch.v1``).
+        self._batch = False
+        #: Frames to write with the next transport write, each with its stream's epoch.
+        self._outbox: list[tuple[int, bytes]] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._closing = False
         self._stop = asyncio.Event()
@@ -236,9 +245,29 @@ class StreamConnection:
         if pending.sent_epoch != -1:
             self.stats.resent += 1
         pending.sent_epoch = epoch
+        if self._batch:
+            # Gathered with the frames sent while the loop runs other work, and written
+            # together as soon as it comes round (nothing waits for a batch to fill).
+            self._outbox.append((epoch, pending.data))
+            if self._flusher is None:
+                self._flusher = asyncio.create_task(self._flush())
+            return
         # On a closed connection the reader notices; the request is re-sent or failed then.
         with contextlib.suppress(ConnectionClosed):
             await ws.send(pending.data, text=True)
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)
+        self._flusher = None
+        ws, epoch = self._ws, self._epoch
+        # Frames of a stream that ended stay pending: they are re-sent after the reconnect.
+        out = [data for e, data in self._outbox if e == epoch]
+        self._outbox = []
+        if ws is None or not out:
+            return
+        data = out[0] if len(out) == 1 else BATCH_HEAD + b",".join(out) + b"]}"
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(data, text=True)
 
     def _fail_pending(self, exc_for: Callable[[_Pending], Exception | None]) -> None:
         for pending in list(self._pending.values()):
@@ -426,6 +455,7 @@ class StreamConnection:
                 open_timeout=self._open_timeout,
                 max_size=_MAX_FRAME,
                 compression=None,
+                subprotocols=[Subprotocol(BATCH_SUBPROTOCOL)],
                 logger=_ws_logger,
             )
         except InvalidStatus as exc:
@@ -439,6 +469,7 @@ class StreamConnection:
             return
         self._ws = ws
         self._epoch += 1
+        self._batch = ws.subprotocol == BATCH_SUBPROTOCOL
         self._last_contact = _now()
         self.stats.connects += 1
         self._untried = len(self._http.endpoints)
@@ -485,6 +516,18 @@ class StreamConnection:
     # ------------------------------------------------------------------ inbound
 
     def _dispatch(self, raw: bytes) -> None:
+        if self._batch and raw.startswith(b'{"type":"batch"'):
+            try:
+                frames = BATCH_DECODER.decode(raw).frames
+            except msgspec.DecodeError as exc:
+                logger.warning("ignoring a malformed batch frame: %s", exc)
+                return
+            for frame in frames:
+                self._dispatch_one(bytes(frame))
+            return
+        self._dispatch_one(raw)
+
+    def _dispatch_one(self, raw: bytes) -> None:
         try:
             frame = SERVER_DECODER.decode(raw)
         except msgspec.DecodeError as exc:

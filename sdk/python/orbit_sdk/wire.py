@@ -325,3 +325,22 @@ _ENCODER = msgspec.json.Encoder()
 def encode(obj: Any) -> bytes:
     """Encode a frame (or any msgspec-encodable value) to compact JSON bytes."""
     return _ENCODER.encode(obj)
+
+
+#: WebSocket subprotocol the worker offers: the server then sends (and takes) several frames
+#: in one ``batch`` frame, ``{"type": "batch", "frames": [frame, …]}``, each handled as if
+#: it had come alone, in order.
+BATCH_SUBPROTOCOL = "orbit.batch.v1"
+#: The start of a batch frame as this SDK writes it (the frames follow, comma-separated).
+BATCH_HEAD = b'{"type":"batch","frames":['
+
+
+class BatchFrame(msgspec.Struct, kw_only=True):
+    """A ``batch`` frame's frames, still undecoded."""
+
+    frames: list[Raw]
+
+
+#: Decodes a batch frame (after its ``type`` was seen to be ``batch``).
+BATCH_DECODER: msgspec.json.Decoder[BatchFrame] = msgspec.json.Decoder(BatchFrame)
+
