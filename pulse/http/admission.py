@@ -16,22 +16,25 @@ flood, and floods of one tenant must not slow another down:
   ``Retry-After``.
 * **``attempt_ids`` bound.** A heartbeat may list at most the session's ``max_concurrency``
   attempts (it cannot hold more); a longer list is 400 ``invalid_request`` naming the field.
-* **Fair share per tenant.** At most ``tenant_frame_slots`` frames (default 64) of one
-  application are handled at once on a node, over all its streams; further frames of that
-  tenant wait (back-pressure on its own sockets only). The database side is shared fairly by
-  the pool's gate (orbit/storage/fairness.py).
+* **Fair share per tenant.** A node handles at most ``frame_slots`` worker frames at once
+  (default 2,048, over all streams), one application at most ``tenant_frame_share_pct`` % of
+  them (80): when others wait, a freed slot goes to the waiting application that holds the
+  fewest (the pool's fair gate, orbit/storage/fairness.py, on frames), so a tenant's flood
+  leaves room for the others while a tenant alone on a node may use nearly all of it. A
+  tenant's further frames wait (back-pressure on its own sockets only). The database side is
+  shared fairly by the pool's gate.
 
 Every refusal is counted in ``pulse_worker_frames_refused_total{reason}``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from orbit.errors import InvalidRequest, RateLimited
 from orbit.ratelimit import BucketMap, TokenBucket
+from orbit.storage.fairness import FairGate
 from pulse.rounds import settings_from_env
 from pulse.sessions import SessionInfo
 
@@ -48,8 +51,10 @@ class AdmissionSettings:
     frame_rate: int = 1_000
     #: Frames one stream may send at once (raised to 4 × max_concurrency).
     frame_burst: int = 2_000
-    #: Frames of one application handled at once on a node, over all its streams.
-    tenant_frame_slots: int = 64
+    #: Worker frames handled at once on a node, over all streams.
+    frame_slots: int = 2_048
+    #: Most of them one application may hold while others wait (percent).
+    tenant_frame_share_pct: int = 80
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: int) -> AdmissionSettings:
@@ -86,7 +91,10 @@ class Admission:
     def __init__(self, settings: AdmissionSettings | None = None, metrics: Any = None) -> None:
         self.settings = settings or AdmissionSettings.from_env()
         self._heartbeats = BucketMap(lambda: TokenBucket(1, 1), max_keys=100_000)
-        self._slots: dict[bytes, tuple[asyncio.Semaphore, int]] = {}
+        self._gate = FairGate(
+            max(1, self.settings.frame_slots),
+            share=min(100, max(1, self.settings.tenant_frame_share_pct)) / 100,
+        )
         self._refused = (
             metrics.counter(
                 "pulse_worker_frames_refused_total",
@@ -113,23 +121,29 @@ class Admission:
                 reason="heartbeat_budget",
             )
 
-    def tenant_slots(self, application_id: bytes) -> asyncio.Semaphore:
-        """The frame slots of ``application_id`` on this node (one more stream uses them;
-        give them back with :meth:`leave`)."""
-        sem, users = self._slots.get(application_id, (None, 0))
-        if sem is None:
-            sem = asyncio.Semaphore(self.settings.tenant_frame_slots)
-        self._slots[application_id] = (sem, users + 1)
-        return sem
+    def tenant_slots(self, application_id: bytes) -> TenantSlots:
+        """The frame slots of ``application_id`` on this node (see the module docstring)."""
+        return TenantSlots(self._gate, ("app", application_id))
 
     def leave(self, application_id: bytes) -> None:
-        sem, users = self._slots.get(application_id, (None, 0))
-        if sem is None:
-            return
-        if users <= 1:
-            del self._slots[application_id]
-        else:
-            self._slots[application_id] = (sem, users - 1)
+        """A stream of the application ended (nothing to give back: slots are per frame)."""
+
+
+class TenantSlots:
+    """One application's share of the node's frame slots: ``acquire`` before handling a
+    frame, ``release`` after."""
+
+    __slots__ = ("_gate", "_tenant")
+
+    def __init__(self, gate: FairGate, tenant: tuple[str, bytes]) -> None:
+        self._gate = gate
+        self._tenant = tenant
+
+    async def acquire(self) -> None:
+        await self._gate.acquire(self._tenant)
+
+    def release(self) -> None:
+        self._gate.release(self._tenant)
 
 
 def admission_of(ctx: Any) -> Admission:
