@@ -22,7 +22,7 @@ Every function takes the caller's open :class:`~orbit.storage.Tx`; none commits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -304,6 +304,56 @@ async def subject_events(
     ] + [_legacy(r) for r in legacy]
     out.sort(key=lambda e: e.created_at)
     return out
+
+
+class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
+    """One bounded read of a subject's history (:func:`subject_history`)."""
+
+    #: The subject's events of the part of the window that was read, oldest first.
+    events: list[RawEvent]
+    #: Where the next read of the window starts (None: the window was read to its end).
+    resume_at: datetime | None
+
+
+#: Batch rows of a namespace one :func:`subject_history` call looks at, at most.
+HISTORY_SCAN_ROWS = 1000
+_MICROSECOND = timedelta(microseconds=1)
+
+
+async def subject_history(
+    tx: Tx,
+    namespace_id: bytes,
+    subject_kind: str,
+    subject_id: bytes,
+    *,
+    since: datetime,
+    until: datetime,
+    scan_rows: int = HISTORY_SCAN_ROWS,
+) -> HistoryPage:
+    """The raw events of one subject in ``[since, until)``, oldest first, read in bounded
+    steps: one call looks at no more than ``scan_rows`` batch rows of the namespace (an
+    index-only scan finds where they end) and returns the subject's events before that
+    point, with ``resume_at`` to continue from. A transaction's events (one ``created_at``)
+    are never split between two calls; within one they keep their batch row and entry
+    order. Rows of ``orbit_events`` (written before batches existed) are included."""
+    end = await store.event_batch_scan_end(tx, namespace_id, since, until, scan_rows)
+    if end is None:
+        upper, resume = until, None
+    elif end > since:
+        upper, resume = end, end
+    else:  # scan_rows rows share one microsecond: that moment is read whole
+        upper = resume = since + _MICROSECOND
+    needle = '"subject_id":"' + subject_id.hex() + '"'
+    rows = await store.event_batch_list_naming(tx, namespace_id, subject_kind, needle, since, upper)
+    legacy = await store.event_list_for_subject_window(
+        tx, namespace_id, subject_kind, subject_id, since, upper, 10_000
+    )
+    out = [e for r in rows for e in _expand(r) if e.subject_id == subject_id]
+    out += [_legacy(r) for r in legacy]
+    out.sort(key=lambda e: e.created_at)  # stable: batch rows keep their order and entries
+    if resume is not None and resume >= until:
+        resume = None
+    return HistoryPage(events=out, resume_at=resume)
 
 
 async def append_result_events(

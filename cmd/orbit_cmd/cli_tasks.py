@@ -1,5 +1,5 @@
 """``orbit tasks ...``: submit (one, or a JSON-lines file in batches), get, list, cancel,
-cancel-all, resolve, attempts, tail. Routes: docs/api/tasks.md; docs/cli.md.
+cancel-all, resolve, attempts, history, tail. Routes: docs/api/tasks.md; docs/cli.md.
 
 Payloads and results are sent byte for byte as given (``--payload '{"amount": 1.50}'``
 keeps ``1.50``), and ``--json`` prints the server's answer byte for byte.
@@ -29,6 +29,7 @@ from orbit_cmd.cli_common import (
     show_page,
     splice,
 )
+from orbit_cmd.cli_history import add_history
 from orbit_cmd.cli_http import EXIT_API_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit
 from orbit_cmd.cli_rerun import add_rerun
 
@@ -397,4 +398,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_attempts, json=False)
 
     add_rerun(tasks)
+    add_history(tasks)
     cli_events.add_tail(tasks, "tail")

@@ -78,3 +78,36 @@ LIMIT %(limit)s
 SELECT COALESCE(MAX(seq), 0) AS last_seq
 FROM orbit_result_events
 WHERE namespace_id = %(namespace_id)s
+
+-- The paged history of one subject (orbit.events.subject_history), bounded in work: first
+-- where a scan of at most N batch rows of the window ends (index only, on
+-- ix_orbit_event_batches_created), then the rows before that point that name the subject.
+
+-- name: event_batch_scan_end
+SELECT created_at
+FROM orbit_event_batches
+WHERE namespace_id = %(namespace_id)s
+  AND created_at >= %(since)s AND created_at < %(until)s
+ORDER BY created_at
+LIMIT 1 OFFSET %(offset)s
+
+-- name: event_batch_list_naming
+-- The needle is the entry's opening ("subject_id":"<32 hex>"): a plain substring search,
+-- each entry is then checked exactly when it is decoded.
+SELECT namespace_id, id, type, subject_kind, subjects, entries, created_at
+FROM orbit_event_batches
+WHERE namespace_id = %(namespace_id)s
+  AND created_at >= %(since)s AND created_at < %(until)s
+  AND subject_kind = %(subject_kind)s AND LOCATE(%(needle)s, entries) > 0
+ORDER BY created_at, id
+
+-- name: event_list_for_subject_window
+-- Rows written before raw events were batches, of one subject in a time window
+-- (ix_orbit_events_subject).
+SELECT namespace_id, id, type, subject_kind, subject_id, data, request_id, created_at
+FROM orbit_events
+WHERE namespace_id = %(namespace_id)s AND subject_kind = %(subject_kind)s
+  AND subject_id = %(subject_id)s
+  AND created_at >= %(since)s AND created_at < %(until)s
+ORDER BY created_at, id
+LIMIT %(limit)s

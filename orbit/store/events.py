@@ -127,3 +127,40 @@ async def result_event_list_after(
 
 async def result_event_last_seq(tx: Tx, namespace_id: bytes) -> int:
     return int(await tx.fetchval(Q.result_event_last_seq, {"namespace_id": namespace_id}) or 0)
+
+
+async def event_batch_scan_end(
+    tx: Tx, namespace_id: bytes, since: datetime, until: datetime, rows: int
+) -> datetime | None:
+    """The ``created_at`` of the ``rows``-th batch row of the window (None: fewer rows)."""
+    value: datetime | None = await tx.fetchval(
+        Q.event_batch_scan_end,
+        {"namespace_id": namespace_id, "since": since, "until": until, "offset": rows - 1},
+    )
+    return value
+
+
+async def event_batch_list_naming(
+    tx: Tx, namespace_id: bytes, subject_kind: str, needle: str, since: datetime, until: datetime
+) -> list[dict[str, Any]]:
+    return await tx.fetchall(
+        Q.event_batch_list_naming,
+        {"namespace_id": namespace_id, "subject_kind": subject_kind, "needle": needle,
+         "since": since, "until": until},
+    )  # fmt: skip
+
+
+async def event_list_for_subject_window(
+    tx: Tx,
+    namespace_id: bytes,
+    subject_kind: str,
+    subject_id: bytes,
+    since: datetime,
+    until: datetime,
+    limit: int,
+) -> list[dict[str, Any]]:
+    return await tx.fetchall(
+        Q.event_list_for_subject_window,
+        {"namespace_id": namespace_id, "subject_kind": subject_kind, "subject_id": subject_id,
+         "since": since, "until": until, "limit": limit},
+    )  # fmt: skip

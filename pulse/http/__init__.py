@@ -24,6 +24,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "pulse.http.queue_delete",  # queue delete
     "pulse.http.workers_view",  # connected workers, operator close
     "pulse.http.rerun",  # re-run finished tasks
+    "pulse.http.task_history",  # a task's raw state events
 )
 
 

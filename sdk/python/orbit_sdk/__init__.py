@@ -35,6 +35,7 @@ from .errors import (
     TaskError,
     Unauthenticated,
 )
+from .history_types import TaskEvent, TaskEventPage
 from .ops_types import (
     AuditActor,
     AuditEvent,
@@ -166,6 +167,8 @@ __all__ = [
     "Task",
     "TaskContext",
     "TaskError",
+    "TaskEvent",
+    "TaskEventPage",
     "TaskRetry",
     "TaskSpec",
     "TaskState",

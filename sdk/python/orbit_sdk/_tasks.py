@@ -1,5 +1,5 @@
-"""``client.tasks``: submit, read, list, cancel, resolve and re-run tasks; read result
-events."""
+"""``client.tasks``: submit, read, list, cancel, resolve and re-run tasks; read a task's
+history and result events."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from msgspec import UNSET
 
 from ._http import HttpTransport, seg
 from ._requests import utc_text
+from .history_types import TaskEvent, TaskEventPage
 from .types import (
     Attempt,
     BatchItem,
@@ -271,6 +272,29 @@ class TasksAPI:
         """The task's attempts, oldest first, with the server's evidence."""
         response = await self._http.request("GET", self._path(f"/{seg(task_id)}/attempts"))
         return decode_items(response.content, Attempt).items
+
+    async def history(
+        self, task_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskEventPage:
+        """One page of the task's raw state events, oldest first (needs ``tasks.read``). A
+        page may hold fewer than ``limit`` events and still have a ``next_cursor``."""
+        response = await self._http.request(
+            "GET", self._path(f"/{seg(task_id)}/events"), params={"limit": limit, "cursor": cursor}
+        )
+        return msgspec.json.decode(response.content, type=TaskEventPage)
+
+    async def iter_history(
+        self, task_id: str, *, page_size: int | None = None
+    ) -> AsyncIterator[TaskEvent]:
+        """Every raw state event of the task, oldest first, page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.history(task_id, limit=page_size, cursor=cursor)
+            for event in page.events:
+                yield event
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
     async def events(
         self, *, after_seq: int = 0, limit: int | None = None, cursor: str | None = None

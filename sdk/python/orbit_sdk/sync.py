@@ -24,6 +24,7 @@ from ._subscriptions import EventsAPI, SubscriptionsAPI
 from ._tasks import TasksAPI
 from ._workflows import InstancesAPI, WorkflowsAPI
 from .client import OrbitClient
+from .history_types import TaskEvent
 from .ops_types import AuditEvent, WorkerSession
 from .schedule_types import Occurrence, Schedule
 from .subscription_types import DeliveryInfo
@@ -81,12 +82,17 @@ class SyncTasks(_SyncGroup):
     retry = _blocking(TasksAPI.retry)
     retry_all = _blocking(TasksAPI.retry_all)
     attempts = _blocking(TasksAPI.attempts)
+    history = _blocking(TasksAPI.history)
     events = _blocking(TasksAPI.events)
     wait = _blocking(TasksAPI.wait)
 
     def iter(self, **filters: Any) -> Iterator[Task]:
         """Every task matching the filters, page by page (see ``TasksAPI.iter``)."""
         return self._iterate(self._async.iter(**filters))
+
+    def iter_history(self, task_id: str, *, page_size: int | None = None) -> Iterator[TaskEvent]:
+        """Every raw state event of the task, oldest first."""
+        return self._iterate(self._async.iter_history(task_id, page_size=page_size))
 
 
 class SyncQueues(_SyncGroup):

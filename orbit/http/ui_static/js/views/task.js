@@ -4,6 +4,7 @@
 import { get, nsPath, post, serves } from "../api.js";
 import { deflist, h, table } from "../dom.js";
 import { jsonBlock, jsonInline, num, shortId, state, time, yesno } from "../format.js";
+import { historySection, loadHistory } from "../history.js";
 import { rerunForm } from "../rerun.js";
 import { resolveForm } from "../resolve.js";
 import { act, liveRegion, missing } from "../widgets.js";
@@ -23,7 +24,7 @@ export function mount(ctx) {
     const [task, attempts, events] = await Promise.all([
       get(nsPath("tasks", id), { signal: ctx.signal }),
       withAttempts ? get(nsPath("tasks", id, "attempts"), { signal: ctx.signal }).catch(() => null) : null,
-      withEvents ? get(nsPath("tasks", id, "events"), { signal: ctx.signal }).catch(() => null) : null,
+      withEvents ? loadHistory(id, ctx.signal).catch(() => null) : null,
     ]);
     return { key: task.text + (attempts ? attempts.text : "") + (events ? events.text : ""), task, attempts, events };
   }
@@ -46,7 +47,7 @@ export function mount(ctx) {
       jsonBlock("Error", task.json.raw("error"), t.error),
       t.resolution ? jsonBlock("Resolution", task.json.raw("resolution"), t.resolution) : null));
     out.push(attemptsSection(attempts));
-    if (events) out.push(eventsSection(events.data));
+    if (withEvents) out.push(historySection(events));
     out.push(timeline(t, attempts ? attempts.data : null));
     return out;
   }
@@ -144,17 +145,6 @@ function attemptsSection(attempts) {
       rows, empty: "No attempt yet.",
     })),
     orphan.length ? [h("h3", {}, "Evidence not tied to an attempt"), h("ul", {}, orphan)] : null);
-}
-
-function eventsSection(data) {
-  const items = data.items || [];
-  return h("section", { "aria-labelledby": "events-h" }, h("h2", { id: "events-h" }, "Events"),
-    table({
-      columns: [{ label: "At (UTC)" }, { label: "Event" }, { label: "Data" }],
-      rows: items.map((e) => h("tr", {}, h("td", {}, time(e.created_at || e.at)), h("td", {}, e.type || e.kind || "—"),
-        h("td", {}, jsonInline(undefined, e.data ?? e.state ?? null)))),
-      empty: "No events.",
-    }));
 }
 
 /** A timeline built from the task and its attempts (what happened, in order). */
