@@ -34,11 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, NamedTuple
 
 import msgspec
 
+from orbit import business_json
 from orbit.errors import IdempotencyInProgress, IdempotencyMismatch, InvalidRequest
 from orbit.ids import digest, new_id
 from orbit.storage import Database, DuplicateKey, Tx
@@ -51,11 +51,6 @@ KEY_INDEX = "uq_orbit_idempotency_keys_key"
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 128
 
-_SORTED = msgspec.json.Encoder(order="sorted", decimal_format="number")
-#: Numbers are decoded as written (Decimal, arbitrary-precision int): two bodies whose numbers
-#: differ only beyond double precision (``0.30000000000000001`` vs ``0.3``) are different
-#: requests, since business JSON is stored byte for byte.
-_CANONICAL = msgspec.json.Decoder(float_hook=Decimal)
 
 
 class Replay(NamedTuple):
@@ -83,10 +78,9 @@ def canonical_json(body: bytes) -> bytes:
     """
     if not body.strip():
         return b""
-    try:
-        return _SORTED.encode(_CANONICAL.decode(body))
-    except (msgspec.DecodeError, RecursionError):
-        return body
+    # Numbers by exact value: two bodies whose numbers differ only beyond double precision
+    # (``0.30000000000000001`` vs ``0.3``) are different requests.
+    return business_json.canonical_text(body)
 
 
 def request_digest(method: str, path: str, body: bytes) -> bytes:
@@ -203,7 +197,7 @@ class Reply(NamedTuple):
     replayed: bool = False
 
 
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = msgspec.json.Encoder(enc_hook=business_json.enc_hook)
 
 
 async def perform(

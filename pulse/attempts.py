@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from orbit import business_json
 from orbit.errors import Conflict
 from orbit.ids import digest, id_hex, new_id, new_secret
 from orbit.storage import Database, Tx
@@ -68,8 +69,6 @@ DEADLINE_ERROR = {
     "message": "the deadline passed before the task started",
 }
 
-_encode = msgspec.json.Encoder(order="sorted")
-_decode_any = msgspec.json.Decoder()
 
 
 # -- pure helpers ----------------------------------------------------------------------------
@@ -101,7 +100,7 @@ def _json_text(raw: msgspec.Raw | None) -> str | None:
 
 
 def _error_json(value: Any) -> str | None:
-    return None if value is None else msgspec.json.encode(value).decode()
+    return None if value is None else business_json.encode(value).decode()
 
 
 @dataclass(frozen=True)
@@ -133,12 +132,21 @@ class Report:
             )
         return cls("cancelled", attempt_id, frame.execution_token)
 
+    def check(self) -> None:
+        """Its business JSON (result, error details) judged by the one rule of
+        :mod:`orbit.business_json`: 400 naming the field, before anything is written."""
+        if self.result is not None:
+            business_json.check_json_text(bytes(self.result), "result")
+        if self.error is not None and not wire.is_null(self.error.details):
+            business_json.check_json_text(bytes(self.error.details), "error.details")
+
     def canonical(self) -> dict[str, Any]:
         """The report without transport details (msg_id, type, token), values decoded so
-        that formatting differences (whitespace, key order) do not change the digest."""
+        that formatting differences (whitespace, key order) do not change the digest;
+        numbers by their exact value (``1e400`` is a number like any other)."""
         out: dict[str, Any] = {"op": self.op, "attempt_id": id_hex(self.attempt_id)}
         if self.op == "complete":
-            out["result"] = _decode_any.decode(bytes(self.result or wire.NULL))
+            out["result"] = business_json.canonical_value(bytes(self.result or wire.NULL))
         elif self.op == "fail":
             assert self.error is not None
             out["error"] = {
@@ -146,7 +154,7 @@ class Report:
                 "message": self.error.message,
                 "details": None
                 if wire.is_null(self.error.details)
-                else _decode_any.decode(bytes(self.error.details)),
+                else business_json.canonical_value(bytes(self.error.details)),
             }
             out["retryable"] = self.retryable
             out["retry_after_ms"] = self.retry_after_ms
@@ -154,15 +162,16 @@ class Report:
 
     def digest(self) -> bytes:
         """SHA-256 of the canonical report (keys sorted, compact)."""
-        return hashlib.sha256(_encode.encode(self.canonical())).digest()
+        return hashlib.sha256(business_json.canonical(self.canonical())).digest()
 
     def error_object(self) -> dict[str, Any] | None:
-        """The error stored on the attempt and task for a ``fail``."""
+        """The error stored on the attempt and task for a ``fail`` (its details' numbers
+        as the worker wrote them)."""
         if self.error is None:
             return None
         out: dict[str, Any] = {"type": self.error.type, "message": self.error.message}
         if not wire.is_null(self.error.details):
-            out["details"] = _decode_any.decode(bytes(self.error.details))
+            out["details"] = business_json.decode(bytes(self.error.details))
         out["retryable"] = self.retryable
         return out
 

@@ -29,6 +29,7 @@ from datetime import datetime
 
 import msgspec
 
+from orbit.business_json import check_json_text
 from orbit.errors import StaleToken
 from orbit.ids import digest, digest_matches, id_hex, new_id
 from orbit.storage import Database, Tx
@@ -60,7 +61,9 @@ async def effect(
     (wrong token, or the attempt is not the task's running generation any more).
     """
     kd = key_digest(key)
-    result_text = None if wire.is_null(result) else bytes(result).decode()  # type: ignore[arg-type]
+    result_text = (
+        None if wire.is_null(result) else check_json_text(bytes(result), "result")  # type: ignore[arg-type]
+    )
 
     async def run(tx: Tx) -> wire.EffectState | Exception:
         peek = await attempt_store.attempt_get(tx, namespace_id, attempt_id)

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import msgspec
-
 from orbit.errors import Conflict, InvalidRequest, StaleToken
 from orbit.ids import digest_matches, id_hex, new_id
 from orbit.storage import Database, Tx
@@ -61,10 +59,11 @@ async def report_round(
     unreadable: dict[int, Exception] = {}
     for idx, (_, rep) in enumerate(items):
         try:
+            rep.check()
             digests.append(rep.digest())
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not JSON: only this one
+        except InvalidRequest as exc:  # not business JSON: only this one fails
             digests.append(b"")
-            unreadable[idx] = InvalidRequest(f"the report is not valid JSON: {exc}")
+            unreadable[idx] = exc
     done, deferred = await db.transaction(lambda tx: _round(tx, items, digests, unreadable, now))
     outcomes: list[ReportOutcome | None] = [None] * len(items)
     for idx, value in enumerate(done):

@@ -29,6 +29,7 @@ from msgspec import Meta
 from orbit import audit
 from orbit import events as orbit_events
 from orbit.audit import Actor
+from orbit.business_json import check_json_text
 from orbit.errors import InvalidRequest, NotFound
 from orbit.ids import id_hex, new_id
 from orbit.pagination import decode_cursor, encode_cursor
@@ -40,7 +41,6 @@ from pulse.errors import PulseError, QueueNotFound
 from pulse.scheduler import DEFAULT_BATCH, advance, load_timeline, render_dedup_key, timing_of
 from pulse.store import queues as queue_store
 from pulse.store import schedules as store
-from pulse.submit import check_json_text
 from pulse.types import Name
 
 #: Defaults of a PUT body (docs/api/schedules.md).

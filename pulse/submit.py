@@ -40,6 +40,7 @@ import pymysql
 from orbit import audit, idempotency
 from orbit import events as orbit_events
 from orbit.audit import Actor
+from orbit.business_json import check_json_text, enc_hook
 from orbit.errors import InvalidRequest, OrbitError
 from orbit.http.body import field_of
 from orbit.idempotency import IdemRequest, Reply
@@ -148,22 +149,6 @@ class _Prepared:
         if self.body.dedup_key is None:
             return None
         return (self.body.kind, self.body.pipeline_version, self.body.dedup_key)
-
-
-_ONE_RAW = msgspec.json.Decoder(tuple[msgspec.Raw])
-
-
-def check_json_text(value: bytes, field: str) -> str:
-    """The text of one JSON value, validated the way the database's JSON_VALID will judge
-    it: well-formed (control characters and unpaired surrogate escapes rejected by msgspec's
-    parser) and valid UTF-8 (no encoded surrogates). Numbers are *not* range-checked: ``1e400``
-    or a 40-digit integer is valid JSON and is stored verbatim. Raises 400 naming ``field``.
-    """
-    try:
-        (_,) = _ONE_RAW.decode(b"[" + value + b"]")
-        return value.decode("utf-8")
-    except (msgspec.DecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"{field} is not valid JSON: {exc}", field=field) from exc
 
 
 def _no_trailing_space(value: str | None, name: str) -> None:
@@ -767,7 +752,7 @@ async def submit_round(
     return out  # type: ignore[return-value]
 
 
-_REPLY_ENCODER = msgspec.json.Encoder()
+_REPLY_ENCODER = msgspec.json.Encoder(enc_hook=enc_hook)
 
 
 async def _audit(

@@ -25,6 +25,7 @@ import msgspec
 from orbit import audit, pagination
 from orbit import resources as orbit_resources
 from orbit.audit import Actor
+from orbit.business_json import check_json_text, enc_hook
 from orbit.errors import InvalidRequest
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, Tx
@@ -34,7 +35,6 @@ from pulse.errors import TaskNotFound, TaskStateConflict
 from pulse.store import queues as queue_store
 from pulse.store import tasks as store
 from pulse.store import watchdog as watchdog_store
-from pulse.submit import check_json_text
 from pulse.types import Resolve, ResolveAction, TaskListFilters, TaskState
 
 log = logging.getLogger("pulse.tasks")
@@ -47,7 +47,7 @@ NO_ATTEMPT = bytes(16)
 CANCELLED_ERROR = msgspec.json.encode(
     {"type": "cancelled", "message": "cancelled on request"}
 ).decode()
-_ENC = msgspec.json.Encoder()
+_ENC = msgspec.json.Encoder(enc_hook=enc_hook)
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -489,13 +489,11 @@ async def resolve_task(
     tid = _task_id(task_id)
     result_text = None
     if body.result is not msgspec.UNSET and bytes(body.result).strip() != b"null":
-        result_text = bytes(body.result).decode()
+        result_text = check_json_text(bytes(body.result), "result")
     if body.action is not ResolveAction.SUCCEED and result_text is not None:
         raise InvalidRequest("result is only allowed with action succeed", field="result")
     if body.action is not ResolveAction.FAIL and body.error is not None:
         raise InvalidRequest("error is only allowed with action fail", field="error")
-    if result_text is not None:
-        check_json_text(result_text.encode(), "result")
     error_obj = body.error
     if body.action is ResolveAction.FAIL and error_obj is None:
         error_obj = {"type": "operator_failed", "message": body.note}

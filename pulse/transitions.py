@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from orbit import business_json
 from orbit import events as orbit_events
 from orbit.ids import id_hex
 from orbit.storage import Tx
@@ -59,7 +60,6 @@ EVENT_RESOLVED = "task.resolved"  # operator resolution of NEEDS_REVIEW
 EVENT_DEADLINE_EXCEEDED = "task.deadline_exceeded"  # FAILED by the deadline sweep
 EVENT_STUCK = "task.stuck"  # surfaced by the watchdog (no state change, no result event)
 
-_json_decode = msgspec.json.Decoder()
 
 #: A hook run inside :func:`record_many`, in the caller's transaction, for each changed task
 #: row that is now in a :data:`RESULT_STATES` state:
@@ -84,7 +84,7 @@ def json_value(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, str | bytes | bytearray):
-        return _json_decode.decode(value)
+        return business_json.decode(value)  # a worker's error details keep their numbers
     return value
 
 
@@ -335,7 +335,7 @@ def _json_text(value: Any) -> str | None:
         return value
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode()
-    return msgspec.json.encode(value).decode()
+    return business_json.encode(value).decode()
 
 
 # -- usage counters --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from orbit.business_json import enc_hook
 from orbit.errors import OrbitError
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
@@ -49,7 +50,7 @@ from weave.types import InboxOutcome, InstanceState
 
 log = logging.getLogger("weave.advancer")
 
-_JSON = msgspec.json.Encoder()
+_JSON = msgspec.json.Encoder(decimal_format="number", enc_hook=enc_hook)
 
 
 @dataclass(frozen=True)

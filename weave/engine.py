@@ -40,6 +40,7 @@ from typing import Any
 import msgspec
 
 from orbit import events
+from orbit.business_json import enc_hook
 from orbit.errors import OrbitError
 from orbit.ids import id_hex, new_id
 from orbit.storage import CasConflict, Tx
@@ -116,7 +117,7 @@ EVENT_ENDED = {
 #: ``weave_steps.correlation_key`` / ``weave_signals.correlation_key`` width.
 MAX_KEY = 255
 
-_JSON = msgspec.json.Encoder()
+_JSON = msgspec.json.Encoder(decimal_format="number", enc_hook=enc_hook)
 _FINISHED = frozenset({StepState.SUCCEEDED, StepState.FAILED, StepState.TIMED_OUT})
 
 

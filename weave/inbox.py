@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from orbit.business_json import enc_hook
 from orbit.ids import id_hex, new_id
 from orbit.storage import DuplicateKey, Tx
 from pulse import transitions
@@ -38,7 +39,7 @@ from weave.types import InboxKind, InboxOutcome, InboxRow
 #: Task states that end a workflow task step (NEEDS_REVIEW waits for its resolution).
 FINAL_TASK_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
-_JSON = msgspec.json.Encoder()
+_JSON = msgspec.json.Encoder(decimal_format="number", enc_hook=enc_hook)
 
 
 async def write_event(

@@ -30,8 +30,9 @@ from typing import Any
 
 import msgspec
 
-from orbit import audit
+from orbit import audit, business_json
 from orbit.audit import Actor
+from orbit.business_json import check_json_text
 from orbit.errors import Forbidden, InvalidRequest
 from orbit.idempotency import IdemRequest, Reply, perform
 from orbit.ids import id_hex, new_id, parse_id
@@ -40,7 +41,6 @@ from orbit.preconditions import Preconditions
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store.events import clock_now
 from orbit.times import format_opt, format_time
-from pulse.submit import check_json_text
 from weave.advancer import push_after_commit
 from weave.definition import jsonvalue
 from weave.definition.model import Definition, PollStep, TaskStep
@@ -76,7 +76,6 @@ RESUME_BATCH = 100
 #: Signals listed in a history response.
 HISTORY_SIGNALS = 1000
 
-_JSON = msgspec.json.Decoder()
 
 
 def _raw(text: str | None) -> msgspec.Raw | None:
@@ -84,7 +83,7 @@ def _raw(text: str | None) -> msgspec.Raw | None:
 
 
 def _obj(text: str | None) -> Any:
-    return None if text is None else _JSON.decode(text)
+    return None if text is None else business_json.decode(text)
 
 
 def step_out(row: StepRow) -> StepOut:

@@ -28,6 +28,7 @@ import msgspec
 
 from orbit import audit, events
 from orbit.audit import Actor
+from orbit.business_json import check_json_text
 from orbit.errors import InvalidRequest
 from orbit.idempotency import IdemRequest, Reply, perform
 from orbit.ids import id_hex, new_id, parse_id
@@ -35,7 +36,6 @@ from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store.events import clock_now
 from orbit.times import format_time
 from orbit.types import check_name
-from pulse.submit import check_json_text
 from weave.definition import jsonvalue
 from weave.engine import SUBJECT
 from weave.errors import InstanceNotFound, InstanceStateConflict, SignalIdReused

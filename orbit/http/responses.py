@@ -8,9 +8,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from orbit.business_json import enc_hook
 from orbit.idempotency import HEADER, IdemRequest, Reply, request_digest, validate_key
 
-_ENC = msgspec.json.Encoder()
+_ENC = msgspec.json.Encoder(enc_hook=enc_hook)  # business numbers as written
 REPLAYED = "Idempotent-Replayed"
 
 

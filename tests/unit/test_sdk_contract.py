@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from json_corpus import EDGE_DOC
 from orbit_sdk import wire as sdk
 from test_sdk_wire import SERVER_FRAMES, WORKER_FRAMES
 
@@ -69,3 +70,30 @@ def test_session_bodies_agree() -> None:
     )
     mine = msgspec.json.decode(server.encode(created), type=sdk.SessionCreated)
     assert (mine.session_id, mine.heartbeat_ms, mine.lease_ms) == ("s", 1000, 30000)
+
+
+def test_business_json_crosses_both_wires_byte_for_byte() -> None:
+    """The corpus of edge numbers (tests/json_corpus.py) in every business-JSON field of a
+    frame: what one side writes, the other reads back with the same bytes."""
+    raw = msgspec.Raw(EDGE_DOC)
+    worker_frames = [
+        sdk.Complete(msg_id="m", attempt_id="a", execution_token="t", result=raw),
+        sdk.Fail(msg_id="m", attempt_id="a", execution_token="t",
+                 error=sdk.ErrorInfo(type="X", message="m", details=raw)),
+        sdk.Effect(msg_id="m", attempt_id="a", execution_token="t", key="k", phase="commit",
+                   result=raw),
+    ]  # fmt: skip
+    for frame in worker_frames:
+        data = sdk.encode(frame)
+        assert EDGE_DOC in data
+        assert EDGE_DOC in server.encode(server.WORKER_DECODER.decode(data))
+    offer = server.SERVER_DECODER.decode(
+        b'{"type": "offer", "attempt_id": "a", "lease_expires_at": "2026-01-01T00:00:00.000000Z",'
+        b' "task": {"id": "t", "queue": "q", "kind": "k", "priority": 0, "generation": 1,'
+        b' "deadline_at": null,'
+        b' "payload": %s}}' % EDGE_DOC
+    )
+    effect = server.EffectState(ref_msg_id="m", key="k", state="committed", result=raw)
+    for frame in (offer, effect):
+        mine = sdk.SERVER_DECODER.decode(server.encode(frame))
+        assert EDGE_DOC in sdk.encode(mine)

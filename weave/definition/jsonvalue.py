@@ -1,8 +1,10 @@
 """JSON values as the definition language sees them, with exact numbers.
 
-Business JSON keeps its numbers (docs/invariants.md#10-business-json-keeps-its-numbers):
-non-integral numbers decode to ``Decimal`` and encode back with the same digits, so a value
-copied from an instance input into a task payload is not re-rounded through ``float``.
+Business JSON keeps its numbers (docs/invariants.md#10-business-json-keeps-its-numbers;
+the one rule is :mod:`orbit.business_json`): non-integral numbers decode to ``Decimal``
+values that remember their text and encode back exactly as written, so a value copied from
+an instance input into a task payload is neither re-rounded through ``float`` nor
+re-spelled.
 """
 
 from __future__ import annotations
@@ -10,26 +12,23 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-import msgspec
-
-_DECODER = msgspec.json.Decoder(float_hook=Decimal)
-_ENCODER = msgspec.json.Encoder(decimal_format="number")
-_CANONICAL = msgspec.json.Encoder(decimal_format="number", order="sorted")
+from orbit import business_json
 
 
 def decode(data: bytes | str) -> Any:
-    """Decode JSON text; non-integral numbers become ``Decimal``. Raises msgspec.DecodeError."""
-    return _DECODER.decode(data)
+    """Decode JSON text; numbers exactly as written (:class:`orbit.business_json.Number`
+    for non-integral ones). Raises msgspec.DecodeError."""
+    return business_json.decode(data)
 
 
 def encode(value: Any) -> bytes:
-    """Encode a value (numbers keep their digits)."""
-    return _ENCODER.encode(value)
+    """Encode a value (numbers keep their digits and their spelling)."""
+    return business_json.encode(value)
 
 
 def canonical(value: Any) -> bytes:
     """Canonical bytes: keys sorted, no whitespace. Used for definition digests."""
-    return _CANONICAL.encode(value)
+    return business_json.canonical(value)
 
 
 def is_number(value: Any) -> bool:

@@ -55,6 +55,7 @@ from typing import Any
 
 import msgspec
 
+from . import _json
 from ._backoff import Backoff
 from ._connection import Resend, StreamConnection
 from .context import TaskContext
@@ -83,7 +84,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("orbit_sdk.worker")
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = _json.ENCODER
 _TRACEBACK_CHARS = 4000
 
 Handler = Callable[[TaskContext, Any], Awaitable[Any]]
@@ -355,7 +356,7 @@ class Execution:
         if spec is None:
             raise _NoHandler(f"no handler registered for queue {ctx.queue!r} kind {ctx.kind!r}")
         try:
-            payload = msgspec.json.decode(ctx.payload_raw, type=spec.payload_type)
+            payload = _json.decode(ctx.payload_raw, spec.payload_type)
         except msgspec.DecodeError as exc:
             raise PermanentError(
                 f"payload does not decode: {exc}", type="PayloadDecodeError"

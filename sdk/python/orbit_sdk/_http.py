@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
-import msgspec
 
+from . import _json
 from ._endpoints import Endpoints
 from ._version import USER_AGENT
 from .errors import OrbitConnectionError, error_from_response
@@ -35,7 +35,7 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 T = TypeVar("T")
 logger = logging.getLogger("orbit_sdk.http")
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = _json.ENCODER
 
 
 def seg(value: str) -> str:
@@ -149,7 +149,7 @@ class HttpTransport:
 
 def decode(response: httpx.Response, type: type[T]) -> T:
     """Decode a response body as ``type`` (an empty body decodes as ``null``)."""
-    return msgspec.json.decode(response.content or b"null", type=type)
+    return _json.decode(response.content or b"null", type)
 
 
 def _param(value: Any) -> str:

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-import msgspec
 from msgspec import UNSET, UnsetType
 
+from . import _json
 from ._http import HttpTransport, seg
 from ._tasks import decode_items
 from .types import Page, Queue, QueueConfig, RetryBounds, RetryPolicy
@@ -17,7 +17,7 @@ __all__ = ["QueuesAPI"]
 
 
 def _queue_from(response: httpx.Response) -> Queue:
-    queue = msgspec.json.decode(response.content or b"{}", type=Queue)
+    queue = _json.decode(response.content or b"{}", Queue)
     queue.etag = response.headers.get("etag")
     queue.created = response.status_code == 201
     return queue
@@ -100,12 +100,12 @@ class QueuesAPI:
         """Close the queue's execution gate (no new starts; running attempts continue).
         Idempotent. Returns the server's answer as plain JSON values."""
         response = await self._http.request("POST", self._path(f"/{seg(name)}/pause"))
-        return msgspec.json.decode(response.content or b"null")
+        return _json.decode(response.content or b"null")
 
     async def resume(self, name: str) -> Any:
         """Open the queue's execution gate again. Idempotent."""
         response = await self._http.request("POST", self._path(f"/{seg(name)}/resume"))
-        return msgspec.json.decode(response.content or b"null")
+        return _json.decode(response.content or b"null")
 
     async def delete(self, name: str, *, if_match: str | None = None) -> None:
         """Delete a queue nothing holds any more. While it has unfinished tasks, a schedule

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 import httpx
-import msgspec
 
+from . import _json
 from .types import Page
 
 __all__ = ["conditional_headers", "decode_resource", "iterate_pages", "utc_text"]
@@ -46,7 +46,7 @@ def utc_text(value: datetime | str) -> str:
 def decode_resource(response: httpx.Response, type: type[T]) -> T:
     """Decode ``response`` as ``type``; set its ``etag`` (from the ``ETag`` header) and
     ``created`` (HTTP 201) attributes when the type has them."""
-    obj = msgspec.json.decode(response.content or b"{}", type=type)
+    obj = _json.decode(response.content or b"{}", type)
     fields = getattr(type, "__struct_fields__", ())
     if "etag" in fields:
         obj.etag = response.headers.get("etag")  # type: ignore[attr-defined]

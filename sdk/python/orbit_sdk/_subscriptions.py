@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from . import _json
 from ._http import HttpTransport, seg
 from ._requests import conditional_headers, decode_resource, iterate_pages
 from ._tasks import decode_items, idempotency_headers
@@ -127,7 +128,7 @@ class SubscriptionsAPI:
         its ``lease_expires_at``, or it is handed out again."""
         body = {k: v for k, v in (("max", max), ("wait_ms", wait_ms)) if v is not None}
         response = await self._http.request("POST", self._sub(name, "/pull"), body=body)
-        return msgspec.json.decode(response.content, type=_Pulled).deliveries
+        return _json.decode(response.content, _Pulled).deliveries
 
     async def ack(self, delivery_id: str, proof: str) -> AckResult:
         """Acknowledge a delivery with the proof of its latest hand-out. Idempotent
@@ -207,7 +208,7 @@ class EventsAPI:
         response = await self._http.request(
             "GET", f"/v1/namespaces/{seg(self._ns())}/events", params=params
         )
-        page = msgspec.json.decode(response.content, type=EventPage)
+        page = _json.decode(response.content, EventPage)
         if page.next_after_seq is None:
             page.next_after_seq = page.items[-1].seq if page.items else after_seq
         return page

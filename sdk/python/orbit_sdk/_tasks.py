@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import UNSET
 
+from . import _json
 from ._http import HttpTransport, seg
 from ._requests import utc_text
 from .history_types import TaskEvent, TaskEventPage
@@ -45,8 +46,8 @@ def idempotency_headers(key: str | None) -> dict[str, str] | None:
 def decode_items(content: bytes, item: type[T]) -> Page[T]:
     """Decode a list answer: the ``{"items", "next_cursor"}`` page, or a bare JSON array."""
     if content.lstrip()[:1] == b"[":
-        return Page(items=msgspec.json.decode(content, type=builtins.list[item]))  # type: ignore[valid-type]
-    return msgspec.json.decode(content or b"{}", type=Page[item])  # type: ignore[valid-type]
+        return Page(items=_json.decode(content, builtins.list[item]))  # type: ignore[valid-type]
+    return _json.decode(content or b"{}", Page[item])  # type: ignore[valid-type]
 
 
 class TasksAPI:
@@ -188,7 +189,7 @@ class TasksAPI:
         ``cancel_requested=True`` and its worker is told to stop. Another terminal state
         raises :class:`~orbit_sdk.errors.Conflict`."""
         response = await self._http.request("POST", self._path(f"/{seg(task_id)}/cancel"))
-        task = msgspec.json.decode(response.content, type=Task)
+        task = _json.decode(response.content, Task)
         if response.status_code == 202 and not task.cancel_requested:
             task.cancel_requested = True
         return task
@@ -306,9 +307,9 @@ class TasksAPI:
             "GET", f"/v1/namespaces/{seg(self._ns())}/events", params=params
         )
         if response.content.lstrip()[:1] == b"[":
-            items = msgspec.json.decode(response.content, type=builtins.list[Event])
+            items = _json.decode(response.content, builtins.list[Event])
             return EventPage(items=items, next_after_seq=items[-1].seq if items else after_seq)
-        return msgspec.json.decode(response.content, type=EventPage)
+        return _json.decode(response.content, EventPage)
 
     async def wait(
         self,

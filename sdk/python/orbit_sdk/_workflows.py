@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from . import _json
 from ._http import HttpTransport, seg
 from ._requests import conditional_headers, decode_resource, iterate_pages
 from ._tasks import decode_items, idempotency_headers
@@ -262,7 +263,7 @@ class InstancesAPI:
             body=body,
             headers=idempotency_headers(idempotency_key),
         )
-        sig = msgspec.json.decode(response.content, type=Signal)
+        sig = _json.decode(response.content, Signal)
         sig.duplicate = response.status_code == 200
         return sig
 

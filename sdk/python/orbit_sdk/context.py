@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from . import _json
 from ._connection import Resend, StreamConnection
 from .errors import EffectUncertain
 from .wire import Effect, EffectState, Offer, Started
@@ -30,7 +31,7 @@ __all__ = ["TaskContext"]
 
 T = TypeVar("T")
 logger = logging.getLogger("orbit_sdk.worker")
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = _json.ENCODER
 
 
 class TaskContext:
@@ -101,7 +102,7 @@ class TaskContext:
         state = _effect_state(reply, key)
         if state.state == "committed":
             self.logger.debug("effect %r already committed; not running it again", key)
-            return msgspec.json.decode(state.result, type=result_type)
+            return _json.decode(state.result, result_type)
         if state.state != "new":
             raise EffectUncertain(key)
         value = fn()
@@ -117,7 +118,7 @@ class TaskContext:
             result=raw,
         )
         _effect_state(await self._connection.request(commit, resend=Resend.ALWAYS), key)
-        return msgspec.json.decode(raw, type=result_type)
+        return _json.decode(raw, result_type)
 
 
 def _effect_state(reply: object, key: str) -> EffectState:

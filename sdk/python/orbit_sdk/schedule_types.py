@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from . import _json
 from .types import Task
 from .wire import NULL
 
@@ -81,7 +82,7 @@ class ScheduleTask(msgspec.Struct, kw_only=True):
 
     def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
         """The payload as Python values (or as ``type``)."""
-        return msgspec.json.decode(self.payload, type=type)
+        return _json.decode(self.payload, type)
 
 
 class Schedule(msgspec.Struct, kw_only=True):

@@ -39,6 +39,7 @@ import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from . import _json
 from ._backoff import Backoff
 from ._connection import _ws_logger
 from ._endpoints import Endpoints, ws_url
@@ -108,8 +109,8 @@ class NackFrame(msgspec.Struct, tag="nack", tag_field="type", kw_only=True, omit
 
 
 ServerFrame = DeliveryFrame | ErrorFrame | PingFrame | PongFrame
-SERVER_DECODER = msgspec.json.Decoder(ServerFrame)
-_ENCODER = msgspec.json.Encoder()
+SERVER_DECODER = msgspec.json.Decoder(ServerFrame, float_hook=_json.number)
+_ENCODER = _json.ENCODER
 
 
 class _FrameType(msgspec.Struct):
@@ -163,7 +164,7 @@ class Delivery:
     def event(self) -> Event:
         """The event snapshot (``seq``, ``type``, ``task_id``, ``state``, ``result``, ...)."""
         if self._event is None:
-            self._event = msgspec.json.decode(self.raw_event, type=Event)
+            self._event = _json.decode(self.raw_event, Event)
         return self._event
 
     async def ack(self) -> bool:
@@ -460,7 +461,7 @@ class SyncDelivery:
 
     @property
     def event(self) -> Event:
-        return msgspec.json.decode(self.raw_event, type=Event)
+        return _json.decode(self.raw_event, Event)
 
     def ack(self) -> bool:
         """True when applied; False when the proof is stale (it will be redelivered)."""
@@ -547,7 +548,7 @@ class SyncSubscriber:
         """One long-poll: up to ``max`` deliveries, waiting up to ``wait_ms`` for the first."""
         path = f"/v1/namespaces/{seg(self.namespace)}/subscriptions/{seg(self.subscription)}/pull"
         body = {"max": max or self.batch, "wait_ms": self.wait_ms if wait_ms is None else wait_ms}
-        answer = msgspec.json.decode(self._post(path, body).content, type=_PullAnswer)
+        answer = _json.decode(self._post(path, body).content, _PullAnswer)
         return [
             SyncDelivery(msgspec.structs.asdict(i), bytes(i.event), self) for i in answer.deliveries
         ]

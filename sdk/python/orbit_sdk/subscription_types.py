@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Raw
 
+from . import _json
 from .types import Event
 from .wire import NULL
 
@@ -111,7 +112,7 @@ class PulledDelivery(msgspec.Struct, kw_only=True):
 
     def decode_event(self) -> Event:
         """The result event snapshot (``type``, ``task_id``, ``state``, ``result``, ...)."""
-        return msgspec.json.decode(self.event, type=Event)
+        return _json.decode(self.event, Event)
 
 
 class DeliveryInfo(msgspec.Struct, kw_only=True):

@@ -15,6 +15,7 @@ from typing import Any, Generic, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from . import _json
 from .wire import NULL
 
 __all__ = [
@@ -103,11 +104,11 @@ class Task(msgspec.Struct, kw_only=True):
 
     def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
         """The payload as Python values (or as ``type``)."""
-        return msgspec.json.decode(self.payload, type=type)
+        return _json.decode(self.payload, type)
 
     def decode_result(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
         """The result as Python values (or as ``type``); None while there is none."""
-        return msgspec.json.decode(self.result, type=type)
+        return _json.decode(self.result, type)
 
     @property
     def is_terminal(self) -> bool:
@@ -216,7 +217,7 @@ class Event(msgspec.Struct, kw_only=True):
 
     def decode_result(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
         """The snapshot's result as Python values (or as ``type``)."""
-        return msgspec.json.decode(self.result, type=type)
+        return _json.decode(self.result, type)
 
 
 class EventPage(msgspec.Struct, kw_only=True):

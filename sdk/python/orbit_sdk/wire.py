@@ -22,6 +22,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from . import _json
+
 __all__ = [
     "NULL",
     "SERVER_DECODER",
@@ -313,13 +315,17 @@ class Effect(_Frame, tag="effect"):
 WorkerFrame = Start | Heartbeat | Complete | Fail | Cancelled | Effect
 """Every frame a worker sends to the server."""
 
-SERVER_DECODER: msgspec.json.Decoder[ServerFrame] = msgspec.json.Decoder(ServerFrame)
+SERVER_DECODER: msgspec.json.Decoder[ServerFrame] = msgspec.json.Decoder(
+    ServerFrame, float_hook=_json.number
+)
 """Decodes one server→worker frame (raises ``msgspec.ValidationError`` on unknown types)."""
 
-WORKER_DECODER: msgspec.json.Decoder[WorkerFrame] = msgspec.json.Decoder(WorkerFrame)
+WORKER_DECODER: msgspec.json.Decoder[WorkerFrame] = msgspec.json.Decoder(
+    WorkerFrame, float_hook=_json.number
+)
 """Decodes one worker→server frame."""
 
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = _json.ENCODER
 
 
 def encode(obj: Any) -> bytes:

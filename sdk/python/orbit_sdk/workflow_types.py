@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import Raw
 
+from . import _json
 from .wire import NULL
 
 __all__ = [
@@ -36,7 +37,7 @@ T = TypeVar("T")
 
 
 def _decode(raw: Raw, type: Any) -> Any:
-    return msgspec.json.decode(raw, type=type)
+    return _json.decode(raw, type)
 
 
 class InstanceState(enum.StrEnum):
