@@ -83,6 +83,9 @@ class ItemResult:
             out["task"] = task_body(self.row, deduplicated=self.deduplicated)
         if self.error is not None:
             out["error"] = error_body(self.error)
+            retry_after = getattr(self.error, "retry_after", None)
+            if retry_after is not None:  # a 429 item: when to send it again
+                out["retry_after_ms"] = int(retry_after) * 1000
         return out
 
 
@@ -772,6 +775,7 @@ async def _audit(
         action=OPERATION,
         resource_kind="task",
         resource_id=task_id,
+        outcome=audit.outcome_for_status(status),
         status_code=status,
         namespace_id=namespace_id,
         request_id=request_id,
@@ -827,11 +831,16 @@ async def submit_batch(
             now=now,
         )
         new_work.update(r.row["queue_id"] for r in results if r.status == 201 and r.row)
-        refused.append(sum(1 for r in results if r.status == 429))
+        denied = [i for i, r in enumerate(results) if r.status == 429]
+        refused.append(len(denied))
         created = sum(1 for r in results if r.status == 201)
         if created:
             details = {"items": len(results), "created": created}
             await _audit(tx, actor, namespace_id, None, 200, details, request_id)
+        if denied:  # the per-item 429s: one conflict event for the call, naming the items
+            details = {"code": "quota_exceeded", "kind": "quota_exceeded",
+                       "items": len(results), "refused": denied}  # fmt: skip
+            await _audit(tx, actor, namespace_id, None, 429, details, request_id)
         fresh = _FreshViews()
         return 200, {"items": [fresh.wire(r) for r in results]}
 

@@ -5,7 +5,8 @@ authorising. On success the service writes the audit event inside its own transa
 failure (rolled back) the error handler calls :func:`audit_failure`, which writes the event
 with outcome ``denied`` (403) or ``conflict`` (409/412/422/429) in a separate transaction.
 Authorization denials (403 from :mod:`orbit.http.auth`) are audited there, even before an
-intent exists. 400s, 404s and 5xx are not audited (they change nothing and a 404 must not
+intent exists. A failure answered by an ``error`` frame of an open WebSocket goes through
+:func:`frame_failure` (same metric, same audit event). 400s, 404s and 5xx are not audited (they change nothing and a 404 must not
 reveal more than an absent resource); they are counted in the request metrics.
 """
 
@@ -18,6 +19,7 @@ from starlette.requests import HTTPConnection
 from orbit import audit
 from orbit.audit import Actor, outcome_for_status
 from orbit.errors import OrbitError
+from orbit.metrics import count_conflict
 from orbit.types import ZERO_ID
 
 AUDITED_STATUSES = frozenset({403, 409, 412, 422, 429})
@@ -62,14 +64,19 @@ def actor_of(conn: HTTPConnection) -> Actor | None:
 
 async def audit_failure(conn: HTTPConnection, exc: OrbitError) -> None:
     """Write the failed call's audit event (detached) when an intent was declared."""
-    state = _state(conn)
-    intent = state.get("audit")
-    if not isinstance(intent, AuditIntent) or exc.status not in AUDITED_STATUSES:
+    intent = _state(conn).get("audit")
+    if isinstance(intent, AuditIntent):
+        await record_failure(conn, exc, intent, actor_of(conn))
+
+
+async def record_failure(
+    conn: HTTPConnection, exc: OrbitError, intent: AuditIntent, actor: Actor | None
+) -> None:
+    """Write the audit event of a failed call (detached, once per error) for ``intent``
+    when the failure is audited (403, 409, 412, 422, 429) and the actor is known."""
+    if exc.status not in AUDITED_STATUSES or actor is None:
         return
     if getattr(exc, "audited", False):
-        return
-    actor = actor_of(conn)
-    if actor is None:
         return
     ctx = conn.app.state.ctx
     await audit.record_detached(
@@ -85,3 +92,35 @@ async def audit_failure(conn: HTTPConnection, exc: OrbitError) -> None:
         details={"code": exc.code, **({"kind": exc.kind} if hasattr(exc, "kind") else {})},
     )
     exc.audited = True  # type: ignore[attr-defined]
+
+
+#: Audit actions of a delivery's settlement (HTTP ``…/ack``, ``…/nack`` and stream frames).
+ACK_ACTION = "deliveries.ack"
+NACK_ACTION = "deliveries.nack"
+
+
+async def settle_failure(
+    ws: HTTPConnection, exc: OrbitError, nack: bool, delivery_id: str, namespace_id: bytes
+) -> None:
+    """:func:`frame_failure` of an ``ack``/``nack`` frame of a subscription stream (the
+    stream's key is the actor)."""
+    action = NACK_ACTION if nack else ACK_ACTION
+    intent = AuditIntent(action, "delivery", delivery_id, namespace_id)
+    await frame_failure(ws, exc, intent, actor_of(ws))
+
+
+async def frame_failure(
+    conn: HTTPConnection, exc: OrbitError, intent: AuditIntent, actor: Actor | None
+) -> None:
+    """A failure answered inside an open WebSocket (an ``error`` frame: the HTTP error
+    handler never sees it), counted and audited exactly as that handler would: the conflict
+    metric by kind, and the audit event of a 403/409/412/422/429."""
+    from orbit.http.errors import conflict_kind
+
+    ctx = getattr(conn.app.state, "ctx", None)
+    if ctx is None:
+        return
+    kind = conflict_kind(exc)
+    if kind is not None:
+        count_conflict(ctx.metrics, kind)
+    await record_failure(conn, exc, intent, actor)

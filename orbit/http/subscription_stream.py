@@ -52,6 +52,7 @@ from orbit import deliveries, delivery_pump
 from orbit.deliveries import AckItem, Leased, StaleProof, event_json
 from orbit.delivery_loop import DeliveryHub
 from orbit.errors import InvalidRequest, NotFound, OrbitError
+from orbit.http.auditing import settle_failure
 from orbit.http.body import check_depth
 from orbit.ids import id_hex, parse_id
 from orbit.storage import Database, StorageError
@@ -348,6 +349,8 @@ class StreamConnection:
         except OrbitError as exc:
             if isinstance(exc, StaleProof | NotFound) and delivery_id is not None:
                 self._forget(delivery_id, frame.proof)
+            nack = isinstance(frame, NackFrame)
+            await settle_failure(self.ws, exc, nack, frame.delivery_id, self.namespace_id)
             await self._send_error(exc.code, exc.message, frame.delivery_id)
         except StorageError as exc:
             await self._send_error(
@@ -390,6 +393,7 @@ class StreamConnection:
             elif isinstance(outcome, OrbitError):
                 if isinstance(outcome, StaleProof | NotFound) and delivery_id is not None:
                     self._forget(delivery_id, f.proof)
+                await settle_failure(self.ws, outcome, False, f.delivery_id, self.namespace_id)
                 await self._send_error(outcome.code, outcome.message, f.delivery_id)
             else:
                 assert delivery_id is not None

@@ -30,7 +30,7 @@ from orbit.credentials import Principal
 from orbit.deliveries import DeliveryOut, delivery_info, delivery_out
 from orbit.delivery_loop import DeliveryHub, deliveries_hub
 from orbit.errors import InvalidRequest, NotFound
-from orbit.http.auditing import audit_intent, request_id
+from orbit.http.auditing import ACK_ACTION, NACK_ACTION, audit_intent, request_id
 from orbit.http.auth import authenticated, authorize
 from orbit.http.body import decode_body, decode_optional, read_body
 from orbit.http.etag import etag, preconditions
@@ -233,6 +233,7 @@ async def pull(request: Request) -> Response:
 async def ack_delivery(request: Request) -> Response:
     p = await authorize(request, CONSUME, request.path_params["ns"])
     delivery_id = _delivery_id(request)
+    audit_intent(request, ACK_ACTION, "delivery", delivery_id, _namespace(p))  # if it fails
     body = await decode_body(request, ProofBody)
     await _check_delivery(request, p, delivery_id)
     acks = _hub(request).ack_round(request.app.state.ctx.db)  # this node's round of acks
@@ -247,6 +248,7 @@ async def ack_delivery(request: Request) -> Response:
 async def nack_delivery(request: Request) -> Response:
     p = await authorize(request, CONSUME, request.path_params["ns"])
     delivery_id = _delivery_id(request)
+    audit_intent(request, NACK_ACTION, "delivery", delivery_id, _namespace(p))  # if it fails
     body = await decode_body(request, NackBody)
     await _check_delivery(request, p, delivery_id)
     info = await deliveries.nack(

@@ -27,18 +27,23 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from orbit.audit import Actor
 from orbit.errors import (
-    Conflict,
     InvalidRequest,
     OrbitError,
     PayloadTooLarge,
     RateLimited,
     Unauthenticated,
 )
-from orbit.http.auditing import audit_intent, request_id
+from orbit.http.auditing import AuditIntent, audit_intent, record_failure, request_id
 from orbit.http.auth import authorize, bearer_key
 from orbit.http.body import check_depth, decode, decode_optional, query_int
-from orbit.http.errors import driver_not_ready, error_response, translate_storage_error
+from orbit.http.errors import (
+    conflict_kind,
+    driver_not_ready,
+    error_response,
+    translate_storage_error,
+)
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.http.tenancy import enter_application
@@ -346,6 +351,7 @@ class _StreamReader:
 
     async def _handle(self, raw: bytes) -> None:
         ref: str | None = None
+        frame: wire.WorkerFrame | None = None
         try:
             if len(raw) > self.ctx.settings.max_body_bytes:
                 raise PayloadTooLarge("frame larger than the request size limit")
@@ -371,6 +377,7 @@ class _StreamReader:
             )
             await self.conn.close(CLOSE_SESSION_GONE, "session_expired")
         except OrbitError as exc:
+            await _audit_report_failure(self.conn.websocket, self.info, frame, exc)
             await self.conn.send(_error_frame(self.ctx, exc, ref))
         except StorageError as exc:
             await self.conn.send(_error_frame(self.ctx, translate_storage_error(exc), ref))
@@ -450,11 +457,33 @@ def _msg_id(raw: bytes) -> str | None:
 
 
 def _error_frame(ctx: Any, exc: OrbitError, ref: str | None) -> wire.Error:
-    if isinstance(exc, Conflict):
-        count_conflict(ctx.metrics, exc.kind)
+    kind = conflict_kind(exc)  # counted as the HTTP error handler counts (409, 412, 429)
+    if kind is not None:
+        count_conflict(ctx.metrics, kind)
     return wire.Error(
         code=exc.code, message=exc.message, ref_msg_id=ref, details=exc.details or None
     )
+
+
+#: Audit action of each attempt-scoped worker message.
+_ATTEMPT_ACTIONS: dict[type[Any], str] = {
+    wire.Complete: "attempts.complete",
+    wire.Fail: "attempts.fail",
+    wire.Cancelled: "attempts.cancelled",
+    wire.Effect: "attempts.effect",
+}
+
+
+async def _audit_report_failure(
+    conn: Request | WebSocket, info: sessions.SessionInfo, frame: Any, exc: OrbitError
+) -> None:
+    """The audit event of a refused report or effect (409 ``stale_token``, ``conflict``…),
+    with the session's credential as the actor — over the stream and the HTTP fallback."""
+    action = _ATTEMPT_ACTIONS.get(type(frame))
+    if action is None:
+        return
+    intent = AuditIntent(action, "attempt", frame.attempt_id, info.namespace_id)
+    await record_failure(conn, exc, intent, Actor(info.credential_id, info.application_id))
 
 
 def _attempt_id(text: str) -> bytes:
@@ -616,7 +645,11 @@ async def _http_report(request: Request, body_type: type[Any]) -> Response:
         frame = wire.Cancelled(
             msg_id="http", attempt_id=attempt_hex, execution_token=body.execution_token
         )
-    receipt = await _report(ctx, hub_of(ctx), info.namespace_id, attempt_hex, frame)
+    try:
+        receipt = await _report(ctx, hub_of(ctx), info.namespace_id, attempt_hex, frame)
+    except OrbitError as exc:
+        await _audit_report_failure(request, info, frame, exc)
+        raise
     return json_response(receipt)
 
 
@@ -664,10 +697,18 @@ async def attempt_effect(request: Request) -> Response:
     ctx = _ctx(request)
     info = await _session(request, allow_ended=True)  # fenced by the token, like reports
     body = decode(await request.body(), wire.EffectBody, max_depth=_max_depth(request))
-    state = await effects.effect(
-        ctx.db, info.namespace_id, _attempt_id(request.path_params["aid"]),
-        body.execution_token, body.key, body.phase, body.result,
-    )  # fmt: skip
+    try:
+        state = await effects.effect(
+            ctx.db, info.namespace_id, _attempt_id(request.path_params["aid"]),
+            body.execution_token, body.key, body.phase, body.result,
+        )  # fmt: skip
+    except OrbitError as exc:
+        frame = wire.Effect(
+            msg_id="http", attempt_id=request.path_params["aid"],
+            execution_token=body.execution_token, key=body.key, phase=body.phase,
+        )  # fmt: skip
+        await _audit_report_failure(request, info, frame, exc)
+        raise
     return json_response(state)
 
 
