@@ -31,6 +31,7 @@ from msgspec import Meta
 
 from orbit import audit
 from orbit.audit import Actor
+from orbit.business_json import enc_hook
 from orbit.errors import Conflict, InvalidRequest
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, Tx
@@ -54,7 +55,7 @@ ACTION = "tasks.retry"
 BULK_ACTION = "tasks.retry_bulk"
 EVENT_RERUN = "task.rerun"
 _EPOCH = datetime(1970, 1, 1)
-_ENC = msgspec.json.Encoder()
+_ENC = msgspec.json.Encoder(enc_hook=enc_hook)  # a previous error keeps its numbers
 
 Note = Annotated[str, Meta(min_length=1, max_length=2000)]
 Extra = Annotated[int, Meta(ge=1, le=1000)]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 
-import msgspec
-
+from . import _json
 from ._http import HttpTransport, seg
 from ._requests import iterate_pages, utc_text
 from ._tasks import decode_items
@@ -43,7 +42,7 @@ class WorkersAPI:
             "GET", self._path(),
             params={"state": state, "queue": queue, "limit": limit, "cursor": cursor},
         )  # fmt: skip
-        return msgspec.json.decode(response.content, type=WorkerPage)
+        return _json.decode(response.content, WorkerPage)
 
     async def iter(
         self, *, state: str | None = None, queue: str | None = None, page_size: int | None = None
@@ -66,7 +65,7 @@ class WorkersAPI:
         response = await self._http.request(
             "POST", self._path(f"/{seg(session_id)}/close"), body={}
         )
-        return msgspec.json.decode(response.content, type=SessionClosed)
+        return _json.decode(response.content, SessionClosed)
 
 
 class AuditAPI:

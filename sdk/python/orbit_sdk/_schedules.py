@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from . import _json
 from ._http import HttpTransport, seg
 from ._requests import conditional_headers, decode_resource, iterate_pages, utc_text
 from ._tasks import decode_items
@@ -177,7 +178,7 @@ class SchedulesAPI:
             self._path(f"/{seg(name)}/trigger"),
             body=_Trigger(idempotency_key=idempotency_key),
         )
-        return msgspec.json.decode(response.content, type=Trigger)
+        return _json.decode(response.content, Trigger)
 
     async def backfill(
         self, name: str, *, start: datetime | str, end: datetime | str
@@ -192,7 +193,7 @@ class SchedulesAPI:
             self._path(f"/{seg(name)}/backfill"),
             body=_Backfill(from_=utc_text(start), to=utc_text(end)),
         )
-        return msgspec.json.decode(response.content, type=Backfill)
+        return _json.decode(response.content, Backfill)
 
     async def delete(self, name: str, *, if_match: str | int | None = None) -> None:
         """Delete the schedule: nothing fires any more and the name is free. Its versions,
