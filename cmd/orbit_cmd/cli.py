@@ -1,6 +1,6 @@
 """``orbit``: the operator CLI.
 
-    orbit admin bootstrap --application NAME --namespace NAME [--global-admin] [--dsn DSN]
+    orbit admin bootstrap --application NAME --namespace NAME [--global-admin] [--rotate] [--dsn DSN]
     orbit whoami | applications ... | namespaces ... | credentials ... | resources ...
     orbit tasks ... | queues ... | schedules ...     (added by their packages' modules)
 

@@ -57,12 +57,15 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(f"bad DSN: {exc}", EXIT_USAGE) from None
 
-    async def run() -> dict[str, str]:
+    async def run() -> dict[str, object]:
         db = await Database.connect(dsn, maxsize=2)
         try:
             result = await bootstrap(
-                db, args.application, args.namespace, global_admin=args.global_admin
-            )
+                db, args.application, args.namespace, global_admin=args.global_admin,
+                rotate=args.rotate,
+            )  # fmt: skip
+            if result.hint is not None:
+                print(f"orbit: {result.hint}", file=sys.stderr)
             return result.to_json()
         finally:
             await db.close()
@@ -219,12 +222,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     boot = admin_sub.add_parser(
         "bootstrap",
         help="get-or-create an application and namespace and print a working key (JSON line)",
-        description="Idempotent. Every run rotates the secret of the bootstrap credential: "
-        "the key printed last is the working one.",
+        description="Idempotent: a re-run changes nothing and leaves every key working; it "
+        'prints "key": null with a hint. --rotate replaces the secret of the bootstrap key '
+        "(the new key is printed once, the previous one stops working; audited).",
     )
     boot.add_argument("--application", required=True)
     boot.add_argument("--namespace", required=True)
     boot.add_argument("--global-admin", action="store_true", help="the key may create applications")
+    boot.add_argument(
+        "--rotate", action="store_true",
+        help="replace the bootstrap key's secret and print the new key (audited)",
+    )  # fmt: skip
     boot.add_argument("--dsn", default=None, help="mysql://... (default $ORBIT_DSN)")
     boot.set_defaults(func=cmd_bootstrap)
 

@@ -132,7 +132,9 @@ class Processes:
 
 async def _start_server(dsn: str, port: int, procs: Processes) -> dict[str, Any]:
     cmd = [
-        sys.executable, "-m", "orbit_cmd.server", "--dev", "--dsn", dsn,
+        # --rotate-key: the demo's own dev application gets a fresh key each run (a second
+        # run on the same database would otherwise see the first run's key as null).
+        sys.executable, "-m", "orbit_cmd.server", "--dev", "--rotate-key", "--dsn", dsn,
         "--port", str(port), "--plain-logs", "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(  # noqa: ASYNC220

@@ -282,6 +282,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="start a private database if none answers, migrate, bootstrap",
     )
+    p.add_argument(
+        "--rotate-key", action="store_true",
+        help="with --dev: replace the secret of the dev bootstrap key and print the new key "
+        "(without it an existing key is kept working and printed as null)",
+    )  # fmt: skip
     p.add_argument("--pool-size", type=int, default=int(os.environ.get("ORBIT_POOL_SIZE", "10")))
     p.add_argument(
         "--pool-timeout", type=float,
@@ -325,7 +330,9 @@ def _say(msg: str) -> None:
     print(f"orbit-server: {msg}", file=sys.stderr, flush=True)
 
 
-async def _dev_setup(dsn: DSN, driver: str | None = None) -> tuple[DSN, Any]:
+async def _dev_setup(
+    dsn: DSN, driver: str | None = None, *, rotate: bool = False
+) -> tuple[DSN, Any]:
     """``--dev``: private database if needed, migrate, bootstrap; return (dsn, dev handle)."""
     dev = None
     devdb = _optional("orbit.devdb")
@@ -343,10 +350,12 @@ async def _dev_setup(dsn: DSN, driver: str | None = None) -> tuple[DSN, Any]:
 
     db = await Database.connect(dsn, maxsize=2, driver=driver)
     try:
-        boot = await bootstrap(db, "demo", "default", global_admin=True)
+        boot = await bootstrap(db, "demo", "default", global_admin=True, rotate=rotate)
     finally:
         await db.close()
     print(json.dumps(boot.to_json()), flush=True)
+    if boot.hint is not None:
+        _say(f"--dev: {boot.hint} (orbit-server --dev --rotate-key)")
     return dsn, dev
 
 
@@ -386,7 +395,7 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         if args.dev:
             try:
-                dsn, dev = await _dev_setup(dsn, driver)
+                dsn, dev = await _dev_setup(dsn, driver, rotate=args.rotate_key)
             except Exception as exc:
                 _say(f"--dev setup failed: {exc}")
                 return EXIT_NOT_CURRENT

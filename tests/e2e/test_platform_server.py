@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pymysql
@@ -79,8 +80,10 @@ def bootstrap_cli(dsn: DSN, app: str, *extra: str) -> dict[str, str]:
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 1
-    out: dict[str, str] = json.loads(lines[0])
-    assert set(out) == {"application_id", "namespace", "credential_id", "key"}
+    out: dict[str, Any] = json.loads(lines[0])
+    assert {"application_id", "namespace", "credential_id", "key", "created"} <= set(out)
+    if out["key"] is None:  # a re-run: says so, on stdout (the line) and stderr (for humans)
+        assert "already exist" in out["hint"] and "--rotate" in r.stderr
     return out
 
 
@@ -96,13 +99,17 @@ def test_two_cli_tenants_manage_only_their_own_namespaces(server: ServerProcess,
         again["application_id"] == a["application_id"]
         and again["credential_id"] == a["credential_id"]
     )
-    a_key = again["key"]  # every run prints a working key; the previous one stops working
-    assert (
-        httpx.get(
-            server.url + "/v1/whoami", headers={"Authorization": f"Bearer {a['key']}"}
-        ).status_code
-        == 401
-    )
+    # A re-run changes nothing: no key is printed and the first one keeps working.
+    assert again["key"] is None and again["created"]["credential"] is False
+    who = {"Authorization": f"Bearer {a['key']}"}
+    assert httpx.get(server.url + "/v1/whoami", headers=who).status_code == 200
+    # --rotate prints a new key once; the previous one stops working.
+    rotated = bootstrap_cli(dsn, a_name, "--rotate")
+    assert rotated["rotated"] is True and rotated["credential_id"] == a["credential_id"]
+    assert httpx.get(server.url + "/v1/whoami", headers=who).status_code == 401
+    a_key = rotated["key"]
+    assert bootstrap_cli(dsn, a_name)["key"] is None  # and a re-run keeps the new one
+    assert cli(server, a_key, "whoami").returncode == 0
 
     assert cli(server, a_key, "namespaces", "create", "extra").returncode == 0
     listed = cli(server, a_key, "namespaces", "list", "--json")
@@ -206,17 +213,34 @@ def test_dev_mode_migrates_bootstraps_and_prints_the_key(server_dsn: DSN) -> Non
     from conftest import drop_database
 
     target = server_dsn.with_database(f"orbit_test_dev_{unique('x').split('-')[1]}")
-    s = ServerProcess(target, "--dev")
-    try:
+
+    def start(*extra: str) -> tuple[ServerProcess, dict[str, Any]]:
+        s = ServerProcess(target, "--dev", *extra)
         s.wait_ready(timeout=60)
         assert s.proc.stdout is not None
-        line = json.loads(s.proc.stdout.readline())
-        assert (
-            set(line) == {"application_id", "namespace", "credential_id", "key"}
-            and line["namespace"] == "default"
-        )
-        who = httpx.get(s.url + "/v1/whoami", headers={"Authorization": f"Bearer {line['key']}"})
+        return s, json.loads(s.proc.stdout.readline())
+
+    def whoami(s: ServerProcess, key: str) -> httpx.Response:
+        return httpx.get(s.url + "/v1/whoami", headers={"Authorization": f"Bearer {key}"})
+
+    s: ServerProcess | None = None
+    try:
+        s, line = start()
+        assert {"application_id", "namespace", "credential_id", "key"} <= set(line)
+        assert line["namespace"] == "default" and line["created"]["credential"] is True
+        who = whoami(s, line["key"])
         assert who.status_code == 200 and who.json()["global_admin"] is True
-    finally:
         assert s.stop() == 0
+        # A restart on the same database keeps the key working and prints it as null.
+        s, again = start()
+        assert again["key"] is None and "hint" in again
+        assert whoami(s, line["key"]).status_code == 200
+        assert s.stop() == 0
+        # --rotate-key (what the demo does) prints a new key; the old one stops working.
+        s, rotated = start("--rotate-key")
+        assert rotated["rotated"] is True and whoami(s, rotated["key"]).status_code == 200
+        assert whoami(s, line["key"]).status_code == 401
+    finally:
+        if s is not None:
+            assert s.stop() == 0
         drop_database(target)

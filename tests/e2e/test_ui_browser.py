@@ -730,9 +730,9 @@ async def test_a_revoked_key_returns_to_the_login_form(
     page = console.page
     await console.login(t.key, t.ns)
     await expect(page.locator("tr[data-queue='q1']")).to_be_visible()
-    # Bootstrapping the same application again issues a new key; the old one stops working,
+    # Rotating the bootstrap key (`--rotate`) issues a new key; the old one stops working,
     # and the next call (here: opening another view) signs the tab out.
-    boot = bootstrap_again(dsn, t)
+    boot = rotate_bootstrap_key(dsn, t)
     assert boot["key"] != t.key
     await console.go("#/tasks")
     await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
@@ -740,13 +740,13 @@ async def test_a_revoked_key_returns_to_the_login_form(
     assert (await console.storage())["session"] == {}
 
 
-def bootstrap_again(dsn: DSN, t: Tenant) -> dict[str, str]:
+def rotate_bootstrap_key(dsn: DSN, t: Tenant) -> dict[str, str]:
     app = httpx.get(
         str(t.http.base_url) + "/v1/whoami", headers={"Authorization": f"Bearer {t.key}"}
     ).json()
     name = t.http.get(f"/v1/applications/{app['application_id']}").json()["name"]
     r = run_cli(
-        "admin", "bootstrap", "--application", name, "--namespace", t.ns,
+        "admin", "bootstrap", "--application", name, "--namespace", t.ns, "--rotate",
         "--dsn", dsn.url(hide_password=False),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

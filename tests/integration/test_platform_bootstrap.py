@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from platform_fixtures import raw_query, unique
 
-from orbit.bootstrap import bootstrap
+from orbit.bootstrap import BootstrapResult, bootstrap
 from orbit.credentials import authenticate
 from orbit.errors import InvalidRequest, Unauthenticated
 from orbit.storage import DSN, Database
@@ -22,17 +22,17 @@ async def works(db: Database, key: str, namespace: str | None = None) -> bool:
         return False
 
 
-async def test_bootstrap_is_idempotent_and_rotates_the_key(db: Database, dsn: DSN) -> None:
+async def test_a_rerun_changes_nothing_and_every_key_keeps_working(db: Database, dsn: DSN) -> None:
     app = unique("boot")
     first = await bootstrap(db, app, "default")
     second = await bootstrap(db, app, "default")
     assert (first.application_id, first.namespace_id, first.credential_id) == (
         second.application_id, second.namespace_id, second.credential_id,
     )  # fmt: skip
-    assert first.key != second.key
-    assert not await works(db, first.key) and await works(db, second.key)
-    principal, ns_id = await authenticate(db, second.key, "default")
-    assert ns_id == second.namespace_id and principal.sees_namespace(ns_id)
+    assert first.key is not None and second.key is None
+    assert await works(db, first.key)  # a deploy script that re-runs locks nobody out
+    principal, ns_id = await authenticate(db, first.key, "default")
+    assert ns_id == first.namespace_id and principal.sees_namespace(ns_id)
     assert principal.actions == ACTIONS and not principal.global_admin and principal.queues is None
     counts = raw_query(
         dsn,
@@ -42,18 +42,42 @@ async def test_bootstrap_is_idempotent_and_rotates_the_key(db: Database, dsn: DS
         (app, first.application_id, first.application_id),
     )
     assert counts == [(1, 1, 1)]
-    assert second.to_json() == {
-        "application_id": second.application_id.hex(), "namespace": "default",
-        "credential_id": second.credential_id.hex(), "key": second.key,
+    assert first.to_json() == {
+        "application_id": first.application_id.hex(), "namespace": "default",
+        "credential_id": first.credential_id.hex(), "key": first.key,
+        "created": {"application": True, "namespace": True, "credential": True},
+        "rotated": False,
     }  # fmt: skip
-    actions = [r[0] for r in raw_query(dsn, "SELECT action FROM orbit_audit_events WHERE resource_id IN (%s, %s, %s) ORDER BY created_at",
-                                       (first.application_id.hex(), first.namespace_id.hex(), first.credential_id.hex()))]  # fmt: skip
-    assert actions == [
-        "applications.create",
-        "namespaces.create",
-        "credentials.create",
-        "credentials.rotate",
-    ]
+    again = second.to_json()
+    assert again["key"] is None and again["rotated"] is False
+    assert again["created"] == {"application": False, "namespace": False, "credential": False}
+    assert "already exist" in str(again["hint"]) and "--rotate" in str(again["hint"])
+    assert _audit_actions(dsn, first) == [
+        "applications.create", "namespaces.create", "credentials.create",
+    ]  # fmt: skip
+
+
+async def test_rotate_replaces_the_key_once_and_is_audited(db: Database, dsn: DSN) -> None:
+    app = unique("boot")
+    first = await bootstrap(db, app, "default")
+    rotated = await bootstrap(db, app, "default", rotate=True)
+    assert rotated.credential_id == first.credential_id and rotated.rotated
+    assert rotated.key is not None and rotated.key != first.key and rotated.hint is None
+    assert not await works(db, first.key) and await works(db, rotated.key)  # type: ignore[arg-type]
+    after = await bootstrap(db, app, "default")  # and a plain re-run keeps the new one
+    assert after.key is None and await works(db, rotated.key)  # type: ignore[arg-type]
+    assert _audit_actions(dsn, first)[-1] == "credentials.rotate"
+    assert _audit_actions(dsn, first).count("credentials.rotate") == 1
+
+
+def _audit_actions(dsn: DSN, r: BootstrapResult) -> list[str]:
+    rows = raw_query(
+        dsn,
+        "SELECT action FROM orbit_audit_events WHERE resource_id IN (%s, %s, %s)"
+        " ORDER BY created_at",
+        (r.application_id.hex(), r.namespace_id.hex(), r.credential_id.hex()),
+    )
+    return [str(row[0]) for row in rows]
 
 
 async def test_global_admin_and_second_namespace_get_their_own_credentials(db: Database) -> None:
@@ -62,6 +86,7 @@ async def test_global_admin_and_second_namespace_get_their_own_credentials(db: D
     glob = await bootstrap(db, app, "one", global_admin=True)
     other = await bootstrap(db, app, "two")
     assert len({plain.credential_id, glob.credential_id, other.credential_id}) == 3
+    assert plain.key and glob.key and other.key
     assert await works(db, plain.key) and await works(db, glob.key) and await works(db, other.key)
     p, _ = await authenticate(db, glob.key)
     assert p.global_admin
@@ -75,8 +100,9 @@ async def test_concurrent_bootstraps_converge(db: Database, dsn: DSN) -> None:
     results = await asyncio.gather(*(bootstrap(db, app, "default") for _ in range(4)))
     assert len({r.application_id for r in results}) == 1
     assert len({r.credential_id for r in results}) == 1
-    valid = [await works(db, r.key) for r in results]
-    assert valid.count(True) == 1  # every run rotates: only the last committed key works
+    keys = [r.key for r in results if r.key is not None]
+    assert len(keys) == 1  # one run created the credential; the others found it
+    assert await works(db, keys[0])
     assert raw_query(dsn, "SELECT COUNT(*) FROM orbit_applications WHERE name = %s", (app,)) == [
         (1,)
     ]
