@@ -7,7 +7,8 @@
 ``admin`` works directly on the database (``--dsn`` / ``$ORBIT_DSN``); every other command
 talks HTTP to ``$ORBIT_URL`` with ``$ORBIT_KEY`` (or ``--url``/``--key``), prints a table,
 or JSON with ``--json``. Exit codes: see :mod:`orbit_cmd.cli_http` (0 ok, 1 API error,
-2 usage, 3 unreachable).
+2 usage, 3 unreachable); 141 when the reader of the output went away (``orbit … | head``:
+no traceback, like any Unix tool).
 
 Extending: a module listed in COMMAND_MODULES exposes ``register(subparsers)`` and sets
 ``func(args) -> int`` on each command parser. Modules not present yet are skipped.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit code when the reader of our output went away (``orbit tasks list | head``): 128 +
+#: SIGPIPE, what a Unix tool killed by the signal reports.
+EXIT_PIPE_CLOSED = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -61,6 +68,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return EXIT_USAGE
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The output pipe closed under us: stop quietly. Whatever is still buffered for stdout
+    goes to /dev/null, so the interpreter's final flush raises nothing either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

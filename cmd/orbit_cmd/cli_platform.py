@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from orbit.types import ALL_ACTIONS
+from orbit_cmd.cli_common import fetch_pages, list_options, show, show_page
 from orbit_cmd.cli_http import (
     EXIT_API_ERROR,
     EXIT_OK,
@@ -20,7 +21,6 @@ from orbit_cmd.cli_http import (
     CliError,
     client,
     common_options,
-    emit,
 )
 
 APP_COLUMNS = ["id", "name", "status", "revision", "created_at"]
@@ -101,43 +101,47 @@ def _idem(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def cmd_whoami(args: argparse.Namespace) -> int:
-    emit(args, client(args).json("GET", "/v1/whoami"))
+    show(args, client(args).request("GET", "/v1/whoami"))
     return EXIT_OK
 
 
 def cmd_app_create(args: argparse.Namespace) -> int:
     api = client(args)
-    emit(
-        args,
-        api.json("POST", "/v1/applications", json_body={"name": args.name}, headers=_idem(args)),
-        APP_COLUMNS,
-    )
+    body = {"name": args.name}
+    show(args, api.request("POST", "/v1/applications", json_body=body, headers=_idem(args)),
+         APP_COLUMNS)  # fmt: skip
+    return EXIT_OK
+
+
+def _list(args: argparse.Namespace, path: str, columns: list[str]) -> int:
+    """A list command: one page (``--limit``/``--cursor``) or every page (``--all``); with
+    ``--json`` the server's ``{"items", "next_cursor"}`` answer, items byte for byte."""
+    api = client(args)
+    items, cursor = fetch_pages(args, api, path, {})
+    show_page(args, items, cursor, columns)
     return EXIT_OK
 
 
 def cmd_app_list(args: argparse.Namespace) -> int:
-    emit(args, client(args).paged("/v1/applications"), APP_COLUMNS)
-    return EXIT_OK
+    return _list(args, "/v1/applications", APP_COLUMNS)
 
 
 def cmd_app_get(args: argparse.Namespace) -> int:
-    emit(args, client(args).json("GET", f"/v1/applications/{args.id}"), APP_COLUMNS)
+    show(args, client(args).request("GET", f"/v1/applications/{args.id}"), APP_COLUMNS)
     return EXIT_OK
 
 
 def cmd_ns_create(args: argparse.Namespace) -> int:
     api = client(args)
     path = f"/v1/applications/{_app_id(args, api)}/namespaces"
-    emit(
-        args, api.json("POST", path, json_body={"name": args.name}, headers=_idem(args)), NS_COLUMNS
-    )
+    body = {"name": args.name}
+    show(args, api.request("POST", path, json_body=body, headers=_idem(args)), NS_COLUMNS)
     return EXIT_OK
 
 
 def cmd_ns_list(args: argparse.Namespace) -> int:
-    api = client(args)
-    emit(args, api.paged(f"/v1/applications/{_app_id(args, api)}/namespaces"), NS_COLUMNS)
-    return EXIT_OK
+    path = f"/v1/applications/{_app_id(args, client(args))}/namespaces"
+    return _list(args, path, NS_COLUMNS)
 
 
 def cmd_cred_create(args: argparse.Namespace) -> int:
@@ -151,31 +155,28 @@ def cmd_cred_create(args: argparse.Namespace) -> int:
     if args.global_admin:
         body["global_admin"] = True
     path = f"/v1/applications/{_app_id(args, api)}/credentials"
-    out = api.json("POST", path, json_body=body, headers=_idem(args))
-    emit(args, out, ["id", "key", *CRED_COLUMNS[1:]])
+    answer = api.request("POST", path, json_body=body, headers=_idem(args))
+    show(args, answer, ["id", "key", *CRED_COLUMNS[1:]])
     if not getattr(args, "json", False):
         print("(the key is shown only once: store it now)", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_cred_list(args: argparse.Namespace) -> int:
-    api = client(args)
-    emit(args, api.paged(f"/v1/applications/{_app_id(args, api)}/credentials"), CRED_COLUMNS)
-    return EXIT_OK
+    path = f"/v1/applications/{_app_id(args, client(args))}/credentials"
+    return _list(args, path, CRED_COLUMNS)
 
 
 def cmd_cred_revoke(args: argparse.Namespace) -> int:
-    emit(
-        args,
-        client(args).json("DELETE", f"/v1/credentials/{args.id}"),
-        ["id", "name", "revoked_at"],
-    )
+    answer = client(args).request("DELETE", f"/v1/credentials/{args.id}")
+    show(args, answer, ["id", "name", "revoked_at"])
     return EXIT_OK
 
 
 def cmd_res_get(args: argparse.Namespace) -> int:
     api = client(args)
-    emit(args, api.json("GET", f"/v1/applications/{_app_id(args, api)}/resources"), RES_COLUMNS)
+    show(args, api.request("GET", f"/v1/applications/{_app_id(args, api)}/resources"),
+         RES_COLUMNS)  # fmt: skip
     return EXIT_OK
 
 
@@ -206,7 +207,7 @@ def cmd_res_set(args: argparse.Namespace) -> int:
         raise CliError("nothing to set: pass at least one --max-... option", EXIT_USAGE)
     headers = {"If-Match": f'"{args.if_match}"'} if args.if_match is not None else None
     path = f"/v1/applications/{_app_id(args, api)}/resources"
-    emit(args, api.json("PUT", path, json_body=body, headers=headers), RES_COLUMNS)
+    show(args, api.request("PUT", path, json_body=body, headers=headers), RES_COLUMNS)
     return EXIT_OK
 
 
@@ -246,7 +247,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("name")
     p.add_argument("--idempotency-key")
     p.set_defaults(func=cmd_app_create)
-    apps.add_parser("list", parents=[common], help="list applications").set_defaults(
+    lists = list_options()
+    apps.add_parser("list", parents=[common, lists], help="list applications").set_defaults(
         func=cmd_app_list
     )
     p = apps.add_parser("get", parents=[common], help="show an application")
@@ -259,7 +261,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--application", help="application id (default: the key's)")
     p.add_argument("--idempotency-key")
     p.set_defaults(func=cmd_ns_create)
-    p = nss.add_parser("list", parents=[common], help="list namespaces")
+    p = nss.add_parser("list", parents=[common, lists], help="list namespaces")
     p.add_argument("--application", help="application id (default: the key's)")
     p.set_defaults(func=cmd_ns_list)
 
@@ -276,7 +278,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--application", help="application id (default: the key's)")
     p.add_argument("--idempotency-key")
     p.set_defaults(func=cmd_cred_create)
-    p = creds.add_parser("list", parents=[common], help="list keys (never their secrets)")
+    p = creds.add_parser("list", parents=[common, lists], help="list keys (never their secrets)")
     p.add_argument("--application", help="application id (default: the key's)")
     p.set_defaults(func=cmd_cred_list)
     p = creds.add_parser("revoke", parents=[common], help="revoke a key (effective immediately)")

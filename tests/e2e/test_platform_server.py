@@ -4,12 +4,14 @@ CLI (python -m orbit_cmd.cli), talking HTTP and SQL like an operator would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import pymysql
 import pytest
 from platform_fixtures import ServerProcess, process_env, run_cli, unique
@@ -114,7 +116,9 @@ def test_two_cli_tenants_manage_only_their_own_namespaces(server: ServerProcess,
     assert cli(server, a_key, "namespaces", "create", "extra").returncode == 0
     listed = cli(server, a_key, "namespaces", "list", "--json")
     assert listed.returncode == 0
-    assert sorted(n["name"] for n in json.loads(listed.stdout)) == ["default", "extra"]
+    page = json.loads(listed.stdout)  # the server's answer, not a bare array
+    assert set(page) == {"items", "next_cursor"} and page["next_cursor"] is None
+    assert sorted(n["name"] for n in page["items"]) == ["default", "extra"]
     table = cli(server, a_key, "namespaces", "list")
     assert table.stdout.splitlines()[0].split()[:2] == ["ID", "NAME"] and "extra" in table.stdout
 
@@ -122,7 +126,7 @@ def test_two_cli_tenants_manage_only_their_own_namespaces(server: ServerProcess,
     denied = cli(server, a_key, "namespaces", "create", "x", "--application", b["application_id"])
     assert denied.returncode == 1 and "404 not_found" in denied.stderr
     b_list = cli(server, b["key"], "namespaces", "list", "--json")
-    assert [n["name"] for n in json.loads(b_list.stdout)] == ["default"]
+    assert [n["name"] for n in json.loads(b_list.stdout)["items"]] == ["default"]
 
 
 def test_cli_credentials_and_resources(server: ServerProcess, dsn: DSN) -> None:
@@ -148,7 +152,7 @@ def test_cli_credentials_and_resources(server: ServerProcess, dsn: DSN) -> None:
     assert cli(server, cred["key"], "namespaces", "list").returncode == 1  # 403: no admin
     assert cli(server, t["key"], "credentials", "revoke", cred["id"]).returncode == 0
     assert cli(server, cred["key"], "whoami").returncode == 1  # revoked: 401 on the next request
-    listed = json.loads(cli(server, t["key"], "credentials", "list", "--json").stdout)
+    listed = json.loads(cli(server, t["key"], "credentials", "list", "--json").stdout)["items"]
     assert {c["id"]: c["revoked_at"] is not None for c in listed} == {
         t["credential_id"]: False,
         cred["id"]: True,
@@ -244,3 +248,55 @@ def test_dev_mode_migrates_bootstraps_and_prints_the_key(server_dsn: DSN) -> Non
         if s is not None:
             assert s.stop() == 0
         drop_database(target)
+
+
+def test_platform_lists_print_the_servers_answer_byte_for_byte(
+    server: ServerProcess, dsn: DSN
+) -> None:
+    t = bootstrap_cli(dsn, unique("cli"))
+    app = t["application_id"]
+    for words, path in (
+        (("namespaces", "list"), f"/v1/applications/{app}/namespaces"),
+        (("credentials", "list"), f"/v1/applications/{app}/credentials"),
+        (("applications", "list"), "/v1/applications"),
+    ):
+        out = cli(server, t["key"], *words, "--json", "--limit", "10")
+        assert out.returncode == 0, out.stderr
+        answer = httpx.get(
+            server.url + path, params={"limit": 10},
+            headers={"Authorization": f"Bearer {t['key']}"},
+        )  # fmt: skip
+        assert json.loads(out.stdout) == answer.json(), words
+        page = msgspec.json.decode(answer.content, type=dict[str, msgspec.Raw])
+        for item in msgspec.json.decode(page["items"], type=list[msgspec.Raw]):
+            assert bytes(item).decode() in out.stdout  # each item as the server sent it
+    # One page, more with --cursor / --all (like every other list command).
+    cli(server, t["key"], "namespaces", "create", "second")
+    one = json.loads(cli(server, t["key"], "namespaces", "list", "--limit", "1", "--json").stdout)
+    assert len(one["items"]) == 1 and one["next_cursor"]
+    every = json.loads(cli(server, t["key"], "namespaces", "list", "--all", "--json").stdout)
+    assert len(every["items"]) == 2 and every["next_cursor"] is None
+
+
+def test_a_closed_output_pipe_ends_quietly(server: ServerProcess, dsn: DSN) -> None:
+    """``orbit … | head``: when the reader goes away, no traceback — exit 141 like a Unix
+    tool killed by SIGPIPE (here the pipe is closed before the first write)."""
+    t = bootstrap_cli(dsn, unique("cli"))
+    for args in (
+        ("namespaces", "list"),
+        ("namespaces", "list", "--json"),
+        ("admin", "bootstrap", "--application", unique("pipe"), "--namespace", "n",
+         "--dsn", dsn.url(hide_password=False)),
+    ):  # fmt: skip
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "orbit_cmd.cli", *args],
+                env=process_env(ORBIT_URL=server.url, ORBIT_KEY=t["key"]),
+                stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(write)
+        assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+        assert proc.returncode == 141, (args, proc.returncode, proc.stderr)
