@@ -64,6 +64,7 @@ from weave.definition.model import (
     Outcome,
     ParallelStep,
     PollStep,
+    RetryPolicy,
     SleepStep,
     Step,
     SucceedInstance,
@@ -134,6 +135,19 @@ def _error(code: str, message: str, **extra: Any) -> str:
     return _json(
         {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
     )
+
+
+def _backoff(retry: RetryPolicy | None) -> dict[str, Any]:
+    """The backoff fields a step's ``retry`` gives, as a submit's own ``retry`` (precedence
+    step → task → queue, docs/workflows.md "Retries")."""
+    if retry is None:
+        return {}
+    fields = {
+        "backoff_initial_ms": retry.backoff_initial_ms,
+        "backoff_max_ms": retry.backoff_max_ms,
+        "backoff_multiplier": retry.backoff_multiplier,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _decode_text(text: str | None) -> Any:
@@ -425,6 +439,9 @@ class Run:
         }
         if max_attempts is not None:
             body["max_attempts"] = max_attempts
+        backoff = _backoff(spec.retry)
+        if backoff:  # the step's backoff wins; what it leaves out is the queue's (Pulse)
+            body["retry"] = backoff
         if key is not None:
             body["concurrency_key"] = key
         if deadline_at is not None:
