@@ -166,12 +166,14 @@ async def create_session(
     async def run(tx: Tx) -> wire.SessionCreated:
         t = await now_in_tx(tx, now)
         leases: list[int] = []
+        queue_ids: list[tuple[str, bytes]] = []
         for name in queues:
             # Shared lock: a queue delete waits for this session (and then sees it).
             q = await queue_store.queue_get_by_name(tx, namespace_id, name, shared=True)
             if q is None:
                 raise QueueNotFound()
             leases.append(int(q["lease_ms"]))
+            queue_ids.append((name, q["id"]))
         heartbeat_ms = max(100, min(settings.heartbeat_ms, min(leases) // 3))
         lease_ms = max(settings.session_lease_ms, 3 * heartbeat_ms)
         await _upsert_instance(tx, namespace_id, instance_id, application_id, body.instance, t)
@@ -222,12 +224,18 @@ async def create_session(
                 details={"instance_id": id_hex(instance_id), "queues": queues},
                 now=t,
             )
+        keyed_waiting: list[str] = []
+        if not body.concurrency_keys:  # tell the worker what waits for another worker
+            for name, qid in queue_ids:
+                if await store.session_keyed_waiting(tx, namespace_id, qid):
+                    keyed_waiting.append(name)
         return wire.SessionCreated(
             session_id=id_hex(session_id),
             session_token=token,
             instance_id=id_hex(instance_id),
             heartbeat_ms=heartbeat_ms,
             lease_ms=lease_ms,
+            keyed_waiting=keyed_waiting,
         )
 
     return await db.transaction(run)

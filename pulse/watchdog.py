@@ -11,7 +11,8 @@ starts at ``state_changed_at``. Each round (:meth:`Watchdog.run_once`):
    before ``now - stuck_after_ms`` (database clock) and that were not surfaced in this
    episode yet (surfaced = ``stuck_at >= state_changed_at`` and ``stuck_reason`` written
    for the current state, see ``pulse/sql/watchdog.sql``); marks each one
-   (``stuck_at = now``, ``stuck_reason``) with an UPDATE guarded by the same episode
+   (``stuck_at = now``, ``stuck_reason``: the time and the cause, :mod:`pulse.stuck_causes`)
+   with an UPDATE guarded by the same episode
    (state, state_version, not yet surfaced); and, for the marks that matched, writes the raw
    event ``task.stuck`` in the same transaction;
 3. after COMMIT counts ``pulse_tasks_stuck_total{state}`` and, at the end of a full round,
@@ -45,7 +46,7 @@ from orbit.ids import id_hex
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from orbit.times import format_time
-from pulse import transitions
+from pulse import stuck_causes, transitions
 from pulse.rounds import run_rounds, settings_from_env
 from pulse.store import tasks as task_store
 from pulse.store import watchdog as store
@@ -92,11 +93,16 @@ class WatchdogStats:
         return sum(self.surfaced.values())
 
 
-def stuck_reason(state: str, age_ms: int, stuck_after_ms: int, queue: str) -> str:
-    """The recorded reason, e.g. ``RUNNING for 612 s > stuck_after_ms 600000 on queue
-    emails`` (at most 255 characters: queue names are at most 63)."""
+def stuck_reason(
+    state: str, age_ms: int, stuck_after_ms: int, queue: str, cause: str | None = None
+) -> str:
+    """The recorded reason, e.g. ``WAITING for 612 s > stuck_after_ms 600000 on queue
+    emails: no live worker session takes work from queue emails`` — the time, then the
+    cause when one is known (:mod:`pulse.stuck_causes`); at most 255 characters."""
     text = f"{state} for {age_ms // 1000} s > stuck_after_ms {stuck_after_ms} on queue {queue}"
-    return text[:255]
+    if cause:
+        text += f": {cause}"
+    return text if len(text) <= 255 else text[:254] + "…"
 
 
 def _ms(delta: Any) -> int:
@@ -128,10 +134,17 @@ async def surface_queue(
             )
         if not claimed:
             return []
+        causes = await stuck_causes.diagnose(
+            tx, namespace_id, queue_id, claimed[0]["queue_name"], claimed, t
+        )
         marks = []
         for row in claimed:
             age_ms = _ms(t - row["state_changed_at"])
-            reason = stuck_reason(row["state"], age_ms, stuck_after_ms, row["queue_name"])
+            cause = causes.get(row["id"])
+            reason = stuck_reason(
+                row["state"], age_ms, stuck_after_ms, row["queue_name"],
+                cause.text if cause else None,
+            )  # fmt: skip
             marks.append(
                 {
                     "namespace_id": namespace_id,
@@ -141,6 +154,7 @@ async def surface_queue(
                     "reason": reason,
                     "now": t,
                     "_age_ms": age_ms,
+                    "_cause": cause,
                 }
             )
         counts = await store.mark_many(
@@ -189,6 +203,11 @@ def _event_data(row: dict[str, Any], mark: dict[str, Any], stuck_after_ms: int) 
             "state_changed_at": format_time(row["state_changed_at"]),
         }
     )
+    cause = mark.get("_cause")
+    if cause is not None:
+        data["cause"] = cause.code
+        if cause.details:
+            data["cause_details"] = cause.details
     return data
 
 

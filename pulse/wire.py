@@ -260,6 +260,9 @@ class SessionCreated(msgspec.Struct, kw_only=True):
     instance_id: str
     heartbeat_ms: int
     lease_ms: int
+    #: For a session that does not accept keyed tasks: its queues with keyed tasks among
+    #: their next due tasks (they wait for a worker that does). Additive.
+    keyed_waiting: list[str] = msgspec.field(default_factory=list)
 
 
 class PollReply(msgspec.Struct, kw_only=True):

@@ -141,3 +141,16 @@ ORDER BY a.offered_at, a.id
 UPDATE pulse_worker_sessions
 SET state = 'CLOSED', closed_at = %(now)s, node_id = NULL, revision = revision + 1
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
+
+-- name: session_keyed_waiting
+-- Whether keyed tasks are among the next due tasks of a queue (told to a session that does
+-- not accept keyed tasks when it is created). Bounded: at most the first 1000 WAITING rows
+-- of the queue in dispatch order (ix_pulse_tasks_dispatch), never the whole backlog.
+SELECT 1 FROM (
+  SELECT concurrency_key_digest FROM pulse_tasks
+  WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
+  ORDER BY dispatch_at, id
+  LIMIT 1000
+) due
+WHERE due.concurrency_key_digest IS NOT NULL
+LIMIT 1

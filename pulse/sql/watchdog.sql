@@ -33,8 +33,9 @@ LIMIT %(limit)s
 -- dispatch/start transactions) never wait on each other. The hint keeps the scan on the
 -- (namespace_id, state, state_changed_at) range in index order, so LIMIT stops the scan and
 -- only the returned rows stay locked (READ COMMITTED unlocks rows that fail the filter).
-SELECT namespace_id, id, queue_name, state, state_version, attempts, current_attempt_id,
-  state_changed_at, stuck_at
+SELECT namespace_id, id, queue_name, owner_id, state, state_version, attempts,
+  current_attempt_id, state_changed_at, stuck_at, available_at, deadline_at,
+  concurrency_key_digest, cancel_requested, error
 FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_state_age)
 WHERE namespace_id = %(namespace_id)s
   AND state = %(state)s
@@ -100,3 +101,36 @@ WHERE namespace_id = %(namespace_id)s
        OR (created_at = %(after_created_at)s AND id > %(after_id)s))
 ORDER BY created_at, id
 LIMIT %(limit)s
+
+-- name: watchdog_sessions_of_queue
+-- The live worker sessions taking work from one queue (ACTIVE, unexpired, the queue among
+-- their declared queues) with the attempts each holds, for the stuck reason of a waiting
+-- task; bounded. The attempts are counted on ix_pulse_attempts_session.
+SELECT s.id, s.concurrency_keys, s.max_concurrency, s.node_id,
+  (SELECT COUNT(*) FROM pulse_attempts a
+   WHERE a.namespace_id = s.namespace_id AND a.session_id = s.id
+     AND a.state IN ('OFFERED', 'RUNNING')) AS held
+FROM pulse_worker_sessions s
+WHERE s.namespace_id = %(namespace_id)s AND s.state = 'ACTIVE' AND s.expires_at > %(now)s
+  AND JSON_CONTAINS(s.queues, JSON_QUOTE(%(queue)s))
+LIMIT 1000
+
+-- name: watchdog_key_holders
+-- Who holds the concurrency keys of some waiting tasks: the key's limit row (unique by
+-- digest) and the attempts holding its permits, with their tasks.
+SELECT l.key_digest, l.held, l.max_permits, p.attempt_id, p.granted_at, a.task_id
+FROM pulse_concurrency_limits l
+LEFT JOIN pulse_permits p
+  ON p.namespace_id = l.namespace_id AND p.kind = 'key' AND p.holder_ref = l.id
+LEFT JOIN pulse_attempts a ON a.namespace_id = p.namespace_id AND a.id = p.attempt_id
+WHERE l.namespace_id = %(namespace_id)s AND l.key_digest IN %(digests)s
+
+-- name: watchdog_current_attempts
+-- The current attempts of some offered or running tasks, with their session and worker
+-- instance (who holds the work, and whether that session is still alive).
+SELECT a.id, a.state, a.session_id, a.lease_expires_at, s.state AS session_state,
+  s.expires_at AS session_expires_at, i.host, i.pid
+FROM pulse_attempts a
+LEFT JOIN pulse_worker_sessions s ON s.namespace_id = a.namespace_id AND s.id = a.session_id
+LEFT JOIN pulse_worker_instances i ON i.namespace_id = s.namespace_id AND i.id = s.instance_id
+WHERE a.namespace_id = %(namespace_id)s AND a.id IN %(ids)s

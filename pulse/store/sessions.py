@@ -147,3 +147,11 @@ async def session_close_if_active(
         Q.session_close_if_active, {"namespace_id": namespace_id, "id": session_id, "now": now}
     )
     return n == 1
+
+
+async def session_keyed_waiting(tx: Tx, namespace_id: bytes, queue_id: bytes) -> bool:
+    """Keyed tasks among the queue's next (at most 1000) due tasks."""
+    row = await tx.fetchone(
+        Q.session_keyed_waiting, {"namespace_id": namespace_id, "queue_id": queue_id}
+    )
+    return row is not None

@@ -96,3 +96,32 @@ async def task_list(tx: Tx, params: Row) -> list[Row]:
     """``GET tasks`` with the stuck filter: the params of ``task_list`` plus ``stuck``
     (1 = currently stuck, 0 = not)."""
     return await tx.fetchall(Q.watchdog_task_list, params)
+
+
+async def sessions_of_queue(
+    tx: Tx, namespace_id: bytes, queue_name: str, now: datetime
+) -> list[Row]:
+    """Live sessions taking work from the queue, with ``held`` (offered + running)."""
+    return await tx.fetchall(
+        Q.watchdog_sessions_of_queue,
+        {"namespace_id": namespace_id, "queue": queue_name, "now": now},
+    )
+
+
+async def key_holders(tx: Tx, namespace_id: bytes, digests: list[bytes]) -> list[Row]:
+    """Limit rows of the keys (``held``, ``max_permits``) with each holding attempt."""
+    if not digests:
+        return []
+    return await tx.fetchall(
+        Q.watchdog_key_holders, {"namespace_id": namespace_id, "digests": tuple(digests)}
+    )
+
+
+async def current_attempts(tx: Tx, namespace_id: bytes, ids: list[bytes]) -> dict[bytes, Row]:
+    """Attempts by id with their session's state and the worker instance's host and pid."""
+    if not ids:
+        return {}
+    rows = await tx.fetchall(
+        Q.watchdog_current_attempts, {"namespace_id": namespace_id, "ids": tuple(ids)}
+    )
+    return {r["id"]: r for r in rows}

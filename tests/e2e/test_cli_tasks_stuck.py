@@ -34,7 +34,9 @@ def test_server_watchdog_surfaces_a_waiting_task(server, dsn: DSN) -> None:
     assert [i["id"] for i in items] == [stuck]
     assert items[0]["state"] == "WAITING"
     assert items[0]["stuck_reason"].startswith("WAITING for ")
-    assert items[0]["stuck_reason"].endswith("> stuck_after_ms 1000 on queue slow")
+    assert items[0]["stuck_reason"].endswith(
+        "> stuck_after_ms 1000 on queue slow: no live worker session takes work from queue slow"
+    )
 
     table = t.orbit("tasks", "list", "--stuck")
     assert table.returncode == 0, table.stderr

@@ -83,7 +83,10 @@ async def test_surfaced_once_per_episode_then_again_after_a_state_change(db, ten
     assert hit["state"] == "WAITING" and id_hex(hit["id"]) == tid
     view = await tasks.get_task(db, t.namespace_id, tid)
     assert view["stuck_at"] is not None
-    assert view["stuck_reason"] == f"WAITING for 61 s > stuck_after_ms {BOUND_MS} on queue default"
+    assert view["stuck_reason"] == (
+        f"WAITING for 61 s > stuck_after_ms {BOUND_MS} on queue default: no live worker session"
+        " takes work from queue default"
+    )
     # An observation, not a change: same state, state_version and revision.
     assert view["state"] == "WAITING"
     assert (view["state_version"], view["revision"]) == (task["state_version"], task["revision"])

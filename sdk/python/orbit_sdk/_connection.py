@@ -424,6 +424,13 @@ class StreamConnection:
             session.heartbeat_ms,
             session.lease_ms,
         )
+        if session.keyed_waiting:
+            logger.warning(
+                "tasks with a concurrency_key wait on queue(s) %s, and this worker does not"
+                " accept keyed tasks (concurrency_keys=False): they wait for a worker that"
+                " does",
+                ", ".join(session.keyed_waiting),
+            )
 
     def _drop_session(self, why: str) -> None:
         session = self._session

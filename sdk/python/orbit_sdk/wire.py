@@ -94,6 +94,8 @@ class SessionCreated(msgspec.Struct, kw_only=True):
     instance_id: str = ""
     heartbeat_ms: int = 10_000
     lease_ms: int = 30_000
+    #: Queues with keyed tasks waiting, when this session does not accept keyed tasks.
+    keyed_waiting: list[str] = msgspec.field(default_factory=list)
 
     def __repr__(self) -> str:
         return (

@@ -82,7 +82,12 @@ class Worker:
         report_timeout: seconds to wait for outstanding reports when stopping.
         retry_unknown_errors: report exceptions other than ``RetryableError`` /
             ``PermanentError`` as retryable (default) or not.
-        concurrency_keys: announce support for keyed concurrency (``ctx.concurrency_token``).
+        concurrency_keys: accept tasks that carry a ``concurrency_key`` (default True): the
+            server runs at most one attempt per key and hands the handler the key's fencing
+            token in ``ctx.concurrency_token``, to pass to whatever the handler writes. With
+            False the worker takes only unkeyed tasks; keyed ones wait for another worker
+            (the worker logs a warning when the server reports keyed tasks waiting on its
+            queues).
         instance_id: reuse a known worker instance id (default: the server assigns one, kept
             across reconnects).
         start_timeout: seconds to wait for the answer to a ``start`` before re-sending it
@@ -105,7 +110,7 @@ class Worker:
         drain_timeout: float = 30.0,
         report_timeout: float = 10.0,
         retry_unknown_errors: bool = True,
-        concurrency_keys: bool = False,
+        concurrency_keys: bool = True,
         instance_id: str | None = None,
         backoff: Backoff | None = None,
         http: httpx.AsyncClient | None = None,
