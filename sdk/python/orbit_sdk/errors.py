@@ -40,6 +40,8 @@ from typing import Any
 
 import msgspec
 
+from . import _json
+
 __all__ = [
     "Conflict",
     "EffectUncertain",
@@ -284,7 +286,7 @@ def error_from_response(status: int, body: bytes, headers: Mapping[str, str]) ->
     """
     code, message, details = f"http_{status}", "", {}
     try:
-        doc = msgspec.json.decode(body)
+        doc = _json.decode(body)  # an error's details may hold any number
     except (msgspec.DecodeError, ValueError):
         doc = None
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
