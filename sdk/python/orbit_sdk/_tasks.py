@@ -282,7 +282,7 @@ class TasksAPI:
         response = await self._http.request(
             "GET", self._path(f"/{seg(task_id)}/events"), params={"limit": limit, "cursor": cursor}
         )
-        return msgspec.json.decode(response.content, type=TaskEventPage)
+        return _json.decode(response.content, TaskEventPage)
 
     async def iter_history(
         self, task_id: str, *, page_size: int | None = None

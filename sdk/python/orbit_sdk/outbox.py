@@ -45,6 +45,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
+from . import _json
 from ._backoff import Backoff
 from ._http import seg
 from .errors import OrbitConnectionError, OrbitError, Unauthenticated
@@ -295,7 +296,7 @@ class OutboxRelay:
             permanent = status in _PERMANENT and exc.code != "idempotency_in_progress"
             kind = "failed" if permanent else "retry"
             return kind, None, f"{status} {exc.code}: {exc.message}"[:2000]
-        task = msgspec.json.decode(response.content)
+        task = _json.decode(response.content)  # any number in the echoed payload
         return "sent", str(task.get("id")), None
 
     async def _mark(
