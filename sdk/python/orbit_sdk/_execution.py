@@ -518,7 +518,7 @@ class Execution:
     async def _pause(self, seconds: float) -> bool:
         """Sleep ``seconds``; False (at once) when the lease is lost meanwhile."""
         end = self._loop.time() + seconds
-        while self.cancel_reason is not CancelReason.LEASE_LOST:
+        while not self._lease_lost():
             remaining = end - self._loop.time()
             if remaining <= 0:
                 return True
@@ -527,8 +527,12 @@ class Execution:
                 async with asyncio.timeout(remaining):
                     await self._wake.wait()
             except TimeoutError:
-                return self.cancel_reason is not CancelReason.LEASE_LOST
+                return not self._lease_lost()
         return False
+
+    def _lease_lost(self) -> bool:
+        # A method, not an inline comparison: the reason changes while _pause awaits.
+        return self.cancel_reason is CancelReason.LEASE_LOST
 
 
 class _NoHandler(TaskError):

@@ -52,7 +52,7 @@ class HttpTransport:
 
     def __init__(
         self,
-        base_url: str | Sequence[str],
+        base_url: str | Sequence[str] | Endpoints,
         token: str,
         *,
         timeout: float = 30.0,

@@ -18,7 +18,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -75,13 +75,25 @@ class TaskContext:
         """True once the server asked to cancel this task (the handler is being cancelled)."""
         return self._cancel_requested
 
+    @overload
+    async def effect(
+        self, key: str, fn: Callable[[], Awaitable[Any]] | Callable[[], Any]
+    ) -> Any: ...
+    @overload
     async def effect(
         self,
         key: str,
         fn: Callable[[], Awaitable[Any]] | Callable[[], Any],
         *,
-        result_type: type[T] = Any,  # type: ignore[assignment]
-    ) -> T:
+        result_type: type[T],
+    ) -> T: ...
+    async def effect(
+        self,
+        key: str,
+        fn: Callable[[], Awaitable[Any]] | Callable[[], Any],
+        *,
+        result_type: Any = Any,
+    ) -> Any:
         """Run ``fn`` at most once for this task and ``key``; return its (stored) result.
 
         ``fn`` may be sync or async and must return a msgspec-encodable value. If ``fn``

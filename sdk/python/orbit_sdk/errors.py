@@ -284,7 +284,8 @@ def error_from_response(status: int, body: bytes, headers: Mapping[str, str]) ->
     A body that is not the Orbit error shape (a proxy's HTML page, say) still yields the
     class for the status, with code ``http_<status>``.
     """
-    code, message, details = f"http_{status}", "", {}
+    code, message = f"http_{status}", ""
+    details: dict[str, Any] = {}
     try:
         doc = _json.decode(body)  # an error's details may hold any number
     except (msgspec.DecodeError, ValueError):

@@ -7,9 +7,10 @@ ignored, so the server may add fields. The template's ``payload`` stays :class:`
 
 from __future__ import annotations
 
+import builtins
 import enum
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -80,7 +81,11 @@ class ScheduleTask(msgspec.Struct, kw_only=True):
     retry_safe: bool = False
     deadline_ms: int | None = None
 
-    def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_payload(self) -> Any: ...
+    @overload
+    def decode_payload(self, type: builtins.type[T]) -> T: ...
+    def decode_payload(self, type: Any = Any) -> Any:
         """The payload as Python values (or as ``type``)."""
         return _json.decode(self.payload, type)
 

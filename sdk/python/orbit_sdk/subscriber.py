@@ -340,7 +340,7 @@ class Subscriber(_Settler):
             status = exc.response.status_code
             if status in _FATAL_STATUS:
                 raise error_from_response(
-                    status, exc.response.body or b"", exc.response.headers
+                    status, bytes(exc.response.body or b""), exc.response.headers
                 ) from None
             raise
         self._epoch += 1

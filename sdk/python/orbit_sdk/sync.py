@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -43,7 +43,7 @@ class _SyncGroup:
         self._async = target
         self._runner = runner
 
-    def _iterate(self, agen: AsyncIterator[Y]) -> Iterator[Y]:
+    def _iterate(self, agen: AsyncGenerator[Y, None]) -> Iterator[Y]:
         try:
             while True:
                 try:
@@ -53,19 +53,18 @@ class _SyncGroup:
         finally:
             # The runner may already be closed when an abandoned iterator is collected.
             with contextlib.suppress(RuntimeError):
-                self._runner.run(agen.aclose())  # type: ignore[attr-defined]
+                self._runner.run(agen.aclose())
 
 
 def _blocking(
-    method: Callable[Concatenate[Any, P], Awaitable[R]],
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
 ) -> Callable[Concatenate[_SyncGroup, P], R]:
     """Turn an async group method into a blocking one with the same signature."""
-    name = method.__name__
 
-    @functools.wraps(method)
-    def call(self: _SyncGroup, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._runner.run(getattr(self._async, name)(*args, **kwargs))
+    def call(self: _SyncGroup, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._runner.run(method(self._async, *args, **kwargs))
 
+    functools.update_wrapper(call, method)
     return call
 
 

@@ -8,9 +8,10 @@ turn it into Python values, optionally into a given type.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -102,11 +103,19 @@ class Task(msgspec.Struct, kw_only=True):
     stuck_reason: str | None = None
     """Why it was surfaced, e.g. ``RUNNING for 612 s > stuck_after_ms 600000 on queue x``."""
 
-    def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_payload(self) -> Any: ...
+    @overload
+    def decode_payload(self, type: builtins.type[T]) -> T: ...
+    def decode_payload(self, type: Any = Any) -> Any:
         """The payload as Python values (or as ``type``)."""
         return _json.decode(self.payload, type)
 
-    def decode_result(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_result(self) -> Any: ...
+    @overload
+    def decode_result(self, type: builtins.type[T]) -> T: ...
+    def decode_result(self, type: Any = Any) -> Any:
         """The result as Python values (or as ``type``); None while there is none."""
         return _json.decode(self.result, type)
 
@@ -215,7 +224,11 @@ class Event(msgspec.Struct, kw_only=True):
     attempts: int = 0
     finished_at: datetime | None = None
 
-    def decode_result(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_result(self) -> Any: ...
+    @overload
+    def decode_result(self, type: builtins.type[T]) -> T: ...
+    def decode_result(self, type: Any = Any) -> Any:
         """The snapshot's result as Python values (or as ``type``)."""
         return _json.decode(self.result, type)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -408,7 +409,7 @@ class Worker:
         task = asyncio.create_task(execution.run(), name=f"orbit-attempt-{offer.attempt_id}")
         self._executions[offer.attempt_id] = execution
         self._tasks[offer.attempt_id] = task
-        task.add_done_callback(lambda t, aid=offer.attempt_id: self._on_execution_done(aid, t))
+        task.add_done_callback(functools.partial(self._on_execution_done, offer.attempt_id))
 
     def _find_handler(self, offer: Offer) -> HandlerSpec | None:
         task = offer.task

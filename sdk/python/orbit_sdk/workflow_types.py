@@ -9,9 +9,10 @@ default.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 from msgspec import Raw
@@ -73,9 +74,13 @@ class WorkflowVersion(msgspec.Struct, kw_only=True):
     unchanged: bool = False
     created: bool = False
 
-    def decode_definition(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_definition(self) -> Any: ...
+    @overload
+    def decode_definition(self, type: builtins.type[T]) -> T: ...
+    def decode_definition(self, type: Any = Any) -> Any:
         """The definition as Python values (None unless read with ``workflows.version()``)."""
-        return _decode(self.definition, type)  # type: ignore[no-any-return]
+        return _decode(self.definition, type)
 
 
 class WorkflowSummary(msgspec.Struct, kw_only=True):
@@ -110,9 +115,13 @@ class Step(msgspec.Struct, kw_only=True):
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
-    def decode_output(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_output(self) -> Any: ...
+    @overload
+    def decode_output(self, type: builtins.type[T]) -> T: ...
+    def decode_output(self, type: Any = Any) -> Any:
         """The step's output as Python values (or as ``type``)."""
-        return _decode(self.output, type)  # type: ignore[no-any-return]
+        return _decode(self.output, type)
 
 
 class Instance(msgspec.Struct, kw_only=True):
@@ -149,13 +158,21 @@ class Instance(msgspec.Struct, kw_only=True):
         """True once the instance is SUCCEEDED, FAILED or CANCELLED."""
         return self.state in ("SUCCEEDED", "FAILED", "CANCELLED")
 
-    def decode_input(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_input(self) -> Any: ...
+    @overload
+    def decode_input(self, type: builtins.type[T]) -> T: ...
+    def decode_input(self, type: Any = Any) -> Any:
         """The input as Python values (or as ``type``)."""
-        return _decode(self.input, type)  # type: ignore[no-any-return]
+        return _decode(self.input, type)
 
-    def decode_output(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_output(self) -> Any: ...
+    @overload
+    def decode_output(self, type: builtins.type[T]) -> T: ...
+    def decode_output(self, type: Any = Any) -> Any:
         """The output as Python values (or as ``type``); None until SUCCEEDED."""
-        return _decode(self.output, type)  # type: ignore[no-any-return]
+        return _decode(self.output, type)
 
 
 class Signal(msgspec.Struct, kw_only=True):
@@ -171,9 +188,13 @@ class Signal(msgspec.Struct, kw_only=True):
     received_at: datetime | None = None
     duplicate: bool = False
 
-    def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_payload(self) -> Any: ...
+    @overload
+    def decode_payload(self, type: builtins.type[T]) -> T: ...
+    def decode_payload(self, type: Any = Any) -> Any:
         """The payload as Python values (or as ``type``)."""
-        return _decode(self.payload, type)  # type: ignore[no-any-return]
+        return _decode(self.payload, type)
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -201,13 +222,21 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     signal_row_id: str | None = None
     finished_at: datetime | None = None
 
-    def decode_result(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_result(self) -> Any: ...
+    @overload
+    def decode_result(self, type: builtins.type[T]) -> T: ...
+    def decode_result(self, type: Any = Any) -> Any:
         """An activation's task result as Python values (or as ``type``)."""
-        return _decode(self.result, type)  # type: ignore[no-any-return]
+        return _decode(self.result, type)
 
-    def decode_output(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_output(self) -> Any: ...
+    @overload
+    def decode_output(self, type: builtins.type[T]) -> T: ...
+    def decode_output(self, type: Any = Any) -> Any:
         """A step's output as Python values (or as ``type``)."""
-        return _decode(self.output, type)  # type: ignore[no-any-return]
+        return _decode(self.output, type)
 
 
 class Transition(msgspec.Struct, kw_only=True):
@@ -231,9 +260,13 @@ class HistorySignal(msgspec.Struct, kw_only=True):
     matched_wait_id: str | None = None
     matched_at: datetime | None = None
 
-    def decode_payload(self, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    @overload
+    def decode_payload(self) -> Any: ...
+    @overload
+    def decode_payload(self, type: builtins.type[T]) -> T: ...
+    def decode_payload(self, type: Any = Any) -> Any:
         """The payload as Python values (or as ``type``)."""
-        return _decode(self.payload, type)  # type: ignore[no-any-return]
+        return _decode(self.payload, type)
 
 
 class History(msgspec.Struct, kw_only=True):
