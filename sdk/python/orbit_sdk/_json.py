@@ -13,10 +13,11 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -39,9 +40,15 @@ def number(text: str) -> float | Decimal:
 #: Writes ``Decimal`` as a JSON number (its digits), ``msgspec.Raw`` as its bytes.
 ENCODER = msgspec.json.Encoder(decimal_format="number")
 
+T = TypeVar("T")
+
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
 
 
+@overload
+def decoder(type: builtins.type[T]) -> msgspec.json.Decoder[T]: ...
+@overload
+def decoder(type: object = ...) -> msgspec.json.Decoder[Any]: ...
 def decoder(type: Any = Any) -> msgspec.json.Decoder[Any]:
     """The (cached) decoder for ``type`` that reads every JSON number (see the module)."""
     try:
@@ -54,6 +61,10 @@ def decoder(type: Any = Any) -> msgspec.json.Decoder[Any]:
     return dec
 
 
+@overload
+def decode(data: bytes | str | msgspec.Raw, type: builtins.type[T]) -> T: ...
+@overload
+def decode(data: bytes | str | msgspec.Raw, type: object = ...) -> Any: ...
 def decode(data: bytes | str | msgspec.Raw, type: Any = Any) -> Any:
     """Decode JSON into ``type`` (default ``Any``) by the rules of the module docstring."""
     return decoder(type).decode(data)
