@@ -32,149 +32,40 @@ Rules every function here keeps:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-import msgspec
-
-from orbit import business_json
 from orbit.errors import Conflict
-from orbit.ids import digest, id_hex, new_id, new_secret
+from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
 from orbit.store.events import clock_now
 from orbit.times import format_opt, format_time
 from pulse import permits, transitions, wire
+from pulse.attempt_rules import (
+    DEADLINE_ERROR,
+    DENY_ALREADY_STARTED,
+    DENY_DEADLINE,
+    DENY_NOT_CURRENT,
+    DENY_NOT_FOUND,
+    DENY_NOT_OFFERED,
+    DENY_OFFER_EXPIRED,
+    DENY_PAUSED,
+    DENY_SESSION,
+    Report,
+    ReportPlan,
+    _error_json,
+    backoff_ms,
+    is_current,
+    ms,
+    plan_report,
+)
 from pulse.store import attempts as store
 
 Row = dict[str, Any]
 #: A task change to record: (task row after, raw event type, event data).
 Change = tuple[Row, str, Mapping[str, Any] | None]
-
-# Start denial reasons (``start_denied.reason``; docs/api/workers.md).
-DENY_NOT_FOUND = "not_found"  # no such attempt in this namespace, or another session's
-DENY_ALREADY_STARTED = "already_started"  # RUNNING, but its lease passed or the task moved on
-DENY_NOT_OFFERED = "not_offered"  # released, finished or lost
-DENY_OFFER_EXPIRED = "offer_expired"  # the offer's lease passed before start
-DENY_NOT_CURRENT = "not_current"  # the task moved on (cancelled, re-offered)
-DENY_PAUSED = "paused"  # the namespace or queue gate is closed
-DENY_DEADLINE = "deadline_exceeded"  # the task's deadline passed: it is now FAILED
-DENY_SESSION = "session_inactive"  # the session expired or was closed
-
-#: Error object of a task that was not started before its deadline.
-DEADLINE_ERROR = {
-    "type": "deadline_exceeded",
-    "message": "the deadline passed before the task started",
-}
-
-
-
-# -- pure helpers ----------------------------------------------------------------------------
-
-
-def backoff_ms(task: Mapping[str, Any], attempts: int, retry_after_ms: int | None = None) -> int:
-    """Delay before the next attempt after ``attempts`` attempts, by the task's frozen policy:
-    ``min(max, initial × multiplier^(attempts-1))``, or ``retry_after_ms`` when larger."""
-    initial = int(task["retry_backoff_initial_ms"])
-    cap = int(task["retry_backoff_max_ms"])
-    mult = float(task["retry_backoff_multiplier"])
-    exponent = max(0, attempts - 1)
-    try:
-        delay = initial * mult**exponent
-    except OverflowError:
-        delay = float(cap)
-    value = int(min(float(cap), delay))
-    if retry_after_ms is not None and retry_after_ms > value:
-        value = int(retry_after_ms)
-    return max(0, value)
-
-
-def ms(value: int) -> timedelta:
-    return timedelta(milliseconds=value)
-
-
-def _json_text(raw: msgspec.Raw | None) -> str | None:
-    return None if raw is None else bytes(raw).decode()
-
-
-def _error_json(value: Any) -> str | None:
-    return None if value is None else business_json.encode(value).decode()
-
-
-@dataclass(frozen=True)
-class Report:
-    """A result report: ``op`` is ``complete``, ``fail`` or ``cancelled``."""
-
-    op: str
-    attempt_id: bytes
-    execution_token: str
-    result: msgspec.Raw | None = None
-    error: wire.FailError | None = None
-    retryable: bool = False
-    retry_after_ms: int | None = None
-
-    @classmethod
-    def from_frame(
-        cls, frame: wire.Complete | wire.Fail | wire.Cancelled, attempt_id: bytes
-    ) -> Report:
-        if isinstance(frame, wire.Complete):
-            return cls("complete", attempt_id, frame.execution_token, result=frame.result)
-        if isinstance(frame, wire.Fail):
-            return cls(
-                "fail",
-                attempt_id,
-                frame.execution_token,
-                error=frame.error,
-                retryable=frame.retryable,
-                retry_after_ms=frame.retry_after_ms,
-            )
-        return cls("cancelled", attempt_id, frame.execution_token)
-
-    def check(self) -> None:
-        """Its business JSON (result, error details) judged by the one rule of
-        :mod:`orbit.business_json`: 400 naming the field, before anything is written."""
-        if self.result is not None:
-            business_json.check_json_text(bytes(self.result), "result")
-        if self.error is not None and not wire.is_null(self.error.details):
-            business_json.check_json_text(bytes(self.error.details), "error.details")
-
-    def canonical(self) -> dict[str, Any]:
-        """The report without transport details (msg_id, type, token), values decoded so
-        that formatting differences (whitespace, key order) do not change the digest;
-        numbers by their exact value (``1e400`` is a number like any other)."""
-        out: dict[str, Any] = {"op": self.op, "attempt_id": id_hex(self.attempt_id)}
-        if self.op == "complete":
-            out["result"] = business_json.canonical_value(bytes(self.result or wire.NULL))
-        elif self.op == "fail":
-            assert self.error is not None
-            out["error"] = {
-                "type": self.error.type,
-                "message": self.error.message,
-                "details": None
-                if wire.is_null(self.error.details)
-                else business_json.canonical_value(bytes(self.error.details)),
-            }
-            out["retryable"] = self.retryable
-            out["retry_after_ms"] = self.retry_after_ms
-        return out
-
-    def digest(self) -> bytes:
-        """SHA-256 of the canonical report (keys sorted, compact)."""
-        return hashlib.sha256(business_json.canonical(self.canonical())).digest()
-
-    def error_object(self) -> dict[str, Any] | None:
-        """The error stored on the attempt and task for a ``fail`` (its details' numbers
-        as the worker wrote them)."""
-        if self.error is None:
-            return None
-        out: dict[str, Any] = {"type": self.error.type, "message": self.error.message}
-        if not wire.is_null(self.error.details):
-            out["details"] = business_json.decode(bytes(self.error.details))
-        out["retryable"] = self.retryable
-        return out
-
 
 # -- locking ---------------------------------------------------------------------------------
 
@@ -206,20 +97,10 @@ async def lock_chain(
     return task, attempt, attempt["db_now"]
 
 
-async def _reselect(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row:
+async def reselect(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row:
     row = await store.task_get(tx, namespace_id, task_id)
     assert row is not None
     return row
-
-
-def is_current(task: Mapping[str, Any], attempt: Mapping[str, Any]) -> bool:
-    """The attempt is the task's running generation."""
-    return (
-        attempt["state"] == "RUNNING"
-        and task["state"] == "RUNNING"
-        and task["current_attempt_id"] == attempt["id"]
-        and int(task["attempts"]) == int(attempt["generation"])
-    )
 
 
 # -- shared transitions (caller holds the lock chain) ----------------------------------------
@@ -269,7 +150,7 @@ async def release_offer(
     await transitions.adjust_usage(
         tx, namespace_id, task["queue_id"], reservations=-1, owner_id=task["owner_id"]
     )
-    after = await _reselect(tx, namespace_id, task["id"])
+    after = await reselect(tx, namespace_id, task["id"])
     data: dict[str, Any] = {"released_attempt_id": id_hex(attempt["id"]), "reason": reason}
     if available_at is not None:
         data["available_at"] = format_time(available_at)
@@ -363,7 +244,7 @@ async def lose_running(
         "NEEDS_REVIEW": transitions.EVENT_NEEDS_REVIEW,
         "FAILED": transitions.EVENT_FAILED,
     }[state]
-    after = await _reselect(tx, namespace_id, task["id"])
+    after = await reselect(tx, namespace_id, task["id"])
     data: dict[str, Any] = {"lost_attempt_id": id_hex(attempt["id"]), "reason": reason}
     if available_at is not None:
         data["available_at"] = format_time(available_at)
@@ -459,104 +340,6 @@ async def start_many(
     return await start_round(db, [(namespace_id, s, a) for s, a in items], now=now)
 
 
-def _denied(attempt_hex: str, reason: str) -> wire.StartDenied:
-    return wire.StartDenied(ref_msg_id=None, attempt_id=attempt_hex, reason=reason)
-
-
-#: Raw event of a re-sent ``start`` that rotated a running attempt's execution token.
-EVENT_START_RESENT = "task.start_resent"
-
-
-async def restart(
-    tx: Tx,
-    namespace_id: bytes,
-    session_id: bytes,
-    task: Row,
-    attempt: Row,
-    session: Row | None,
-    now: datetime,
-) -> tuple[wire.Started | wire.StartDenied, list[Change]]:
-    """A ``start`` for an attempt that is already RUNNING, from the session that holds it
-    (the caller checked the session): the ``started`` reply was lost in transit, so the
-    worker cannot know its token. When the session is active, the attempt is the task's
-    current generation and its lease has not passed, a NEW execution token replaces the old
-    one (the old one answers ``stale_token`` from now on) and ``started`` is answered again
-    with the same generation, concurrency token (no permit is granted again) and lease.
-    Raw event ``task.start_resent`` records it. Otherwise: ``session_inactive`` or
-    ``already_started`` (its lease passed or the task moved on: recovery decides)."""
-    aid = id_hex(attempt["id"])
-    if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= now:
-        return _denied(aid, DENY_SESSION), []
-    if not is_current(task, attempt) or attempt["lease_expires_at"] <= now:
-        return _denied(aid, DENY_ALREADY_STARTED), []
-    token = "ext_" + new_secret()
-    ok = await store.attempt_rotate_token_if_running(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": attempt["id"],
-            "session_id": session_id,
-            "token_digest": digest(token),
-            "now": now,
-            "revision": attempt["revision"],
-        },
-    )
-    if not ok:  # pragma: no cover - the attempt row is locked
-        raise Conflict("attempt changed while locked", kind="start")
-    generation = int(attempt["generation"])
-    concurrency = attempt["concurrency_token"]
-    reply = wire.Started(
-        ref_msg_id=None,
-        attempt_id=aid,
-        execution_token=token,
-        generation=generation,
-        concurrency_token=None if concurrency is None else int(concurrency),
-        lease_expires_at=format_time(attempt["lease_expires_at"]),
-    )
-    data = {"session_id": id_hex(session_id), "generation": generation, "token_rotated": True}
-    return reply, [(task, EVENT_START_RESENT, data)]
-
-
-async def fail_deadline(
-    tx: Tx, namespace_id: bytes, task: Row, attempt: Row, now: datetime
-) -> list[Change]:
-    """The deadline passed before the start: the offer is released and the task FAILED."""
-    await store.attempt_release_if_offered(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": attempt["id"],
-            "now": now,
-            "error": _error_json({"type": "released", "reason": DENY_DEADLINE}),
-            "revision": attempt["revision"],
-        },
-    )
-    ok = await store.task_fail_if_leased(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": task["id"],
-            "attempt_id": attempt["id"],
-            "error": _error_json(DEADLINE_ERROR),
-            "now": now,
-            "revision": task["revision"],
-        },
-    )
-    if not ok:  # pragma: no cover - the task row is locked
-        raise Conflict("task changed while locked", kind="task_state")
-    await transitions.adjust_usage(
-        tx,
-        namespace_id,
-        task["queue_id"],
-        unfinished=-1,
-        reservations=-1,
-        owner_id=task["owner_id"],
-    )
-    after = await _reselect(tx, namespace_id, task["id"])
-    data = {"reason": "deadline_exceeded", "released_attempt_id": id_hex(attempt["id"])}
-    return [(after, transitions.EVENT_FAILED, data)]
-
-
 # -- heartbeat -------------------------------------------------------------------------------
 
 
@@ -647,147 +430,6 @@ async def report_many(
     return await report_round(db, [(namespace_id, r) for r in reports], now=now)
 
 
-async def record_late(
-    tx: Tx,
-    namespace_id: bytes,
-    rep: Report,
-    attempt: Row,
-    request_digest: bytes,
-    now: datetime,
-    reason: str,
-) -> None:
-    kind = "late_" + rep.op
-    hexdigest = request_digest.hex()
-    if await store.evidence_exists(
-        tx, namespace_id, attempt["task_id"], rep.attempt_id, kind, hexdigest
-    ):
-        return
-    data: dict[str, Any] = {
-        "request_digest": hexdigest,
-        "reason": reason,
-        "attempt_state": attempt["state"],
-        "generation": int(attempt["generation"]),
-    }
-    if rep.op == "fail":
-        data["error"] = rep.error_object()
-        data["retry_after_ms"] = rep.retry_after_ms
-    await store.evidence_insert(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": new_id(),
-            "attempt_id": rep.attempt_id,
-            "task_id": attempt["task_id"],
-            "kind": kind,
-            "result": _json_text(rep.result) if rep.op == "complete" else None,
-            "data": _error_json(data),
-            "now": now,
-        },
-    )
-
-
-@dataclass
-class ReportPlan:
-    """What applying a report to its current attempt writes (see :func:`plan_report`)."""
-
-    state: str  # the task's new state
-    event: str  # its raw event type
-    data: dict[str, Any]  # the raw event's data
-    statements: list[tuple[str, Any]]  # attempt finish + task end-run, guarded, by key
-    after: Row  # the task row as the end-run UPDATE leaves it (computed, not re-read)
-    finish: dict[str, Any]  # the attempt's new values and guard (attempt_finish_if_running)
-    end_run: dict[str, Any]  # the task's new values and guard (task_end_run_if_running)
-
-
-def plan_report(
-    namespace_id: bytes, task: Row, attempt: Row, rep: Report, now: datetime
-) -> ReportPlan:
-    """The outcome of a report on the current attempt (pure): the task's new state and the
-    two guarded UPDATEs — attempt RUNNING → its end state, task RUNNING → the new state."""
-    result_text: str | None = None
-    error: dict[str, Any] | None = None
-    available_at: datetime | None = None
-    if rep.op == "complete":
-        attempt_state = state = "SUCCEEDED"
-        result_text = _json_text(rep.result or wire.NULL)
-        event = transitions.EVENT_SUCCEEDED
-    elif rep.op == "fail":
-        attempt_state = "FAILED"
-        error = rep.error_object()
-        attempts = int(task["attempts"])
-        if task["cancel_requested"]:
-            state = "CANCELLED" if rep.retryable else "FAILED"
-        elif rep.retryable and attempts < int(task["max_attempts"]):
-            state = "WAITING"
-            available_at = now + ms(backoff_ms(task, attempts, rep.retry_after_ms))
-        else:
-            state = "FAILED"
-        event = {
-            "WAITING": transitions.EVENT_RETRY_SCHEDULED,
-            "FAILED": transitions.EVENT_FAILED,
-            "CANCELLED": transitions.EVENT_CANCELLED,
-        }[state]
-    else:
-        attempt_state = state = "CANCELLED"
-        error = {"type": "cancelled", "message": "cancelled on request; the worker stopped"}
-        event = transitions.EVENT_CANCELLED
-    error_text = _error_json(error)
-    finish = {
-        "namespace_id": namespace_id,
-        "id": attempt["id"],
-        "state": attempt_state,
-        "now": now,
-        "result": result_text,
-        "error": error_text,
-        "retryable": int(rep.retryable) if rep.op == "fail" else None,
-        "revision": attempt["revision"],
-    }
-    end_run = {
-        "namespace_id": namespace_id,
-        "id": task["id"],
-        "attempt_id": attempt["id"],
-        "state": state,
-        "result": result_text,
-        "error": error_text,
-        "finished_at": now if state in transitions.TERMINAL_STATES else None,
-        "available_at": available_at,
-        "effect_uncertain": 0,
-        "now": now,
-        "revision": task["revision"],
-    }
-    data: dict[str, Any] = {"attempt_id": id_hex(attempt["id"]), "report": rep.op}
-    if available_at is not None:
-        data["available_at"] = format_time(available_at)
-    after = {
-        **task,
-        "state": state,
-        "result": result_text,
-        "error": error_text,
-        "finished_at": end_run["finished_at"],
-        "available_at": available_at if available_at is not None else task["available_at"],
-        "effect_uncertain": 0,
-        "current_attempt_id": None,
-        "session_id": None,
-        "lease_expires_at": None,
-        "cancel_requested": 0,
-        "state_version": int(task["state_version"]) + 1,
-        "state_changed_at": now,
-        "revision": int(task["revision"]) + 1,
-    }
-    return ReportPlan(
-        state=state,
-        event=event,
-        data=data,
-        after=after,
-        finish=finish,
-        end_run=end_run,
-        statements=[
-            (store.Q.attempt_finish_if_running, finish),
-            (store.Q.task_end_run_if_running, end_run),
-        ],
-    )
-
-
 # -- reads (tests, tools) --------------------------------------------------------------------
 
 
@@ -807,3 +449,37 @@ async def list_evidence(db: Database, namespace_id: bytes, task_id: bytes) -> li
         return await store.evidence_list_for_task(tx, namespace_id, task_id)
 
     return await db.read(run)
+
+
+__all__ = [
+    "DEADLINE_ERROR",
+    "DENY_ALREADY_STARTED",
+    "DENY_DEADLINE",
+    "DENY_NOT_CURRENT",
+    "DENY_NOT_FOUND",
+    "DENY_NOT_OFFERED",
+    "DENY_OFFER_EXPIRED",
+    "DENY_PAUSED",
+    "DENY_SESSION",
+    "Change",
+    "HeartbeatResult",
+    "Report",
+    "ReportPlan",
+    "SessionGone",
+    "backoff_ms",
+    "heartbeat",
+    "is_current",
+    "list_attempts",
+    "list_evidence",
+    "lock_chain",
+    "lose_running",
+    "ms",
+    "now_in_tx",
+    "plan_report",
+    "release_offer",
+    "report",
+    "report_many",
+    "reselect",
+    "start",
+    "start_many",
+]

@@ -27,8 +27,10 @@ from orbit.ids import digest_matches, id_hex, new_id
 from orbit.storage import Database, Tx
 from orbit.storage.keys import KeySet
 from pulse import permits, transitions, wire
-from pulse.attempts import Report, is_current, lose_running, plan_report, record_late
+from pulse.attempt_rules import Report, Row, _error_json, _json_text, is_current, plan_report
+from pulse.attempts import lose_running
 from pulse.errors import AttemptNotFound
+from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import rounds as store
 
@@ -223,3 +225,42 @@ async def _round(
 
 
 __all__ = ["ReportItem", "report_round"]
+
+
+async def record_late(
+    tx: Tx,
+    namespace_id: bytes,
+    rep: Report,
+    attempt: Row,
+    request_digest: bytes,
+    now: datetime,
+    reason: str,
+) -> None:
+    kind = "late_" + rep.op
+    hexdigest = request_digest.hex()
+    if await attempt_store.evidence_exists(
+        tx, namespace_id, attempt["task_id"], rep.attempt_id, kind, hexdigest
+    ):
+        return
+    data: dict[str, Any] = {
+        "request_digest": hexdigest,
+        "reason": reason,
+        "attempt_state": attempt["state"],
+        "generation": int(attempt["generation"]),
+    }
+    if rep.op == "fail":
+        data["error"] = rep.error_object()
+        data["retry_after_ms"] = rep.retry_after_ms
+    await attempt_store.evidence_insert(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": new_id(),
+            "attempt_id": rep.attempt_id,
+            "task_id": attempt["task_id"],
+            "kind": kind,
+            "result": _json_text(rep.result) if rep.op == "complete" else None,
+            "data": _error_json(data),
+            "now": now,
+        },
+    )

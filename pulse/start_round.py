@@ -30,7 +30,9 @@ from orbit.storage import Database, Tx
 from orbit.storage.keys import KeySet
 from orbit.times import format_time
 from pulse import permits, transitions, wire
-from pulse.attempts import (
+from pulse.attempt_rules import (
+    DEADLINE_ERROR,
+    DENY_ALREADY_STARTED,
     DENY_DEADLINE,
     DENY_NOT_CURRENT,
     DENY_NOT_FOUND,
@@ -39,11 +41,16 @@ from pulse.attempts import (
     DENY_PAUSED,
     DENY_SESSION,
     Row,
-    fail_deadline,
+    _error_json,
+    is_current,
     ms,
-    release_offer,
-    restart,
 )
+from pulse.attempts import (
+    Change,
+    release_offer,
+    reselect,
+)
+from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import rounds as store
 
@@ -233,3 +240,95 @@ async def _round(
     return out, deferred
 
 
+#: Raw event of a re-sent ``start`` that rotated a running attempt's execution token.
+EVENT_START_RESENT = "task.start_resent"
+
+
+async def restart(
+    tx: Tx,
+    namespace_id: bytes,
+    session_id: bytes,
+    task: Row,
+    attempt: Row,
+    session: Row | None,
+    now: datetime,
+) -> tuple[wire.Started | wire.StartDenied, list[Change]]:
+    """A ``start`` for an attempt that is already RUNNING, from the session that holds it
+    (the caller checked the session): the ``started`` reply was lost in transit, so the
+    worker cannot know its token. When the session is active, the attempt is the task's
+    current generation and its lease has not passed, a NEW execution token replaces the old
+    one (the old one answers ``stale_token`` from now on) and ``started`` is answered again
+    with the same generation, concurrency token (no permit is granted again) and lease.
+    Raw event ``task.start_resent`` records it. Otherwise: ``session_inactive`` or
+    ``already_started`` (its lease passed or the task moved on: recovery decides)."""
+    aid = id_hex(attempt["id"])
+    if session is None or session["state"] != "ACTIVE" or session["expires_at"] <= now:
+        return _denied(aid, DENY_SESSION), []
+    if not is_current(task, attempt) or attempt["lease_expires_at"] <= now:
+        return _denied(aid, DENY_ALREADY_STARTED), []
+    token = "ext_" + new_secret()
+    ok = await attempt_store.attempt_rotate_token_if_running(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": attempt["id"],
+            "session_id": session_id,
+            "token_digest": digest(token),
+            "now": now,
+            "revision": attempt["revision"],
+        },
+    )
+    if not ok:  # pragma: no cover - the attempt row is locked
+        raise Conflict("attempt changed while locked", kind="start")
+    generation = int(attempt["generation"])
+    concurrency = attempt["concurrency_token"]
+    reply = wire.Started(
+        ref_msg_id=None,
+        attempt_id=aid,
+        execution_token=token,
+        generation=generation,
+        concurrency_token=None if concurrency is None else int(concurrency),
+        lease_expires_at=format_time(attempt["lease_expires_at"]),
+    )
+    data = {"session_id": id_hex(session_id), "generation": generation, "token_rotated": True}
+    return reply, [(task, EVENT_START_RESENT, data)]
+
+
+async def fail_deadline(
+    tx: Tx, namespace_id: bytes, task: Row, attempt: Row, now: datetime
+) -> list[Change]:
+    """The deadline passed before the start: the offer is released and the task FAILED."""
+    await attempt_store.attempt_release_if_offered(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": attempt["id"],
+            "now": now,
+            "error": _error_json({"type": "released", "reason": DENY_DEADLINE}),
+            "revision": attempt["revision"],
+        },
+    )
+    ok = await attempt_store.task_fail_if_leased(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": task["id"],
+            "attempt_id": attempt["id"],
+            "error": _error_json(DEADLINE_ERROR),
+            "now": now,
+            "revision": task["revision"],
+        },
+    )
+    if not ok:  # pragma: no cover - the task row is locked
+        raise Conflict("task changed while locked", kind="task_state")
+    await transitions.adjust_usage(
+        tx,
+        namespace_id,
+        task["queue_id"],
+        unfinished=-1,
+        reservations=-1,
+        owner_id=task["owner_id"],
+    )
+    after = await reselect(tx, namespace_id, task["id"])
+    data = {"reason": "deadline_exceeded", "released_attempt_id": id_hex(attempt["id"])}
+    return [(after, transitions.EVENT_FAILED, data)]
