@@ -95,48 +95,75 @@ async def usage_lock_for_start_keys(
 # -- writes: one guarded UPDATE per table for every row of a round --------------------------
 
 
-def _where(keys: KeySet) -> tuple[str, list[Any]]:
-    return keys.predicate()
+def guarded_update(
+    table: str,
+    keys: KeySet,
+    *,
+    values: Mapping[str, Mapping[bytes, Any]],
+    also: Sequence[tuple[str, Sequence[Any]]] = (),
+    state: str,
+    guards: Mapping[str, Mapping[bytes, Any]],
+) -> tuple[str, list[Any]]:
+    """ONE guarded UPDATE of ``table`` for the rows of ``keys``: each column of ``values``
+    set to each row's own value (by id), the ``also`` SET items (SQL, args) as they are,
+    ``revision = revision + 1``; each row guarded by ``state`` and by its own value of every
+    column of ``guards``. Its matched count must equal the rows."""
+    sets: list[str] = []
+    args: list[Any] = []
+    for column, per_row in values.items():
+        sql, a = case_by_id(column, per_row)
+        sets.append(sql)
+        args += a
+    for sql, a in also:
+        sets.append(sql)
+        args += a
+    where, where_args = keys.predicate()
+    conditions: list[str] = []
+    guard_args: list[Any] = []
+    for column, per_row in guards.items():
+        sql, a = guard_by_id(column, per_row)
+        conditions.append(sql)
+        guard_args += a
+    sql = (
+        f"UPDATE {table} SET " + ", ".join([*sets, "revision = revision + 1"])
+        + " WHERE " + where + " AND state = %s"
+        + "".join(" AND " + c for c in conditions)
+    )  # fmt: skip
+    return sql, [*args, *where_args, state, *guard_args]
+
+
+def _col(rows: Mapping[Key, Mapping[str, Any]], name: str) -> dict[bytes, Any]:
+    return {k[1]: r.get(name) for k, r in rows.items()}
 
 
 def attempts_start_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
     """OFFERED → RUNNING for the attempts of many namespaces: each row (by (namespace, id)) is
     ``{"revision", "token_digest", "concurrency_token", "lease_expires_at"}``."""
-    by_id = {k[1]: v for k, v in rows.items()}
-    sets: list[str] = []
-    args: list[Any] = []
-    for column, key in (("execution_token_digest", "token_digest"),
-                        ("concurrency_token", "concurrency_token"),
-                        ("lease_expires_at", "lease_expires_at")):  # fmt: skip
-        sql, a = case_by_id(column, {i: r[key] for i, r in by_id.items()})
-        sets.append(sql)
-        args += a
-    where, where_args = _where(KeySet(rows))
-    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
-    sql = (
-        "UPDATE pulse_attempts SET state = 'RUNNING', " + ", ".join(sets)
-        + ", started_at = %s, revision = revision + 1 WHERE " + where
-        + " AND state = 'OFFERED' AND " + guard
+    return guarded_update(
+        "pulse_attempts", KeySet(rows),
+        values={"execution_token_digest": _col(rows, "token_digest"),
+                "concurrency_token": _col(rows, "concurrency_token"),
+                "lease_expires_at": _col(rows, "lease_expires_at")},
+        also=[("state = 'RUNNING'", ()), ("started_at = %s", (now,))],
+        state="OFFERED", guards={"revision": _col(rows, "revision")},
     )  # fmt: skip
-    return sql, [*args, now, *where_args, *guard_args]
 
 
 def tasks_start_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
     """LEASED → RUNNING for the tasks of many namespaces: each row (by (namespace, id)) is
     ``{"revision", "attempt_id", "generation", "lease_expires_at"}``."""
-    by_id = {k[1]: v for k, v in rows.items()}
-    attempts_sql, attempts_args = case_by_id("attempts", {i: r["generation"] for i, r in by_id.items()})
-    lease_sql, lease_args = case_by_id("lease_expires_at", {i: r["lease_expires_at"] for i, r in by_id.items()})
-    where, where_args = _where(KeySet(rows))
-    current, current_args = guard_by_id("current_attempt_id", {i: r["attempt_id"] for i, r in by_id.items()})
-    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
-    sql = (
-        "UPDATE pulse_tasks SET state = 'RUNNING', " + attempts_sql + ", started_at = %s, "
-        + lease_sql + ", state_version = state_version + 1, state_changed_at = %s,"
-        " revision = revision + 1 WHERE " + where
-        + " AND state = 'LEASED' AND " + current + " AND " + guard
+    return guarded_update(
+        "pulse_tasks", KeySet(rows),
+        values={"attempts": _col(rows, "generation"),
+                "lease_expires_at": _col(rows, "lease_expires_at")},
+        also=[("state = 'RUNNING'", ()), ("started_at = %s", (now,)),
+              ("state_version = state_version + 1", ()), ("state_changed_at = %s", (now,))],
+        state="LEASED",
+        guards={"current_attempt_id": _col(rows, "attempt_id"), "revision": _col(rows, "revision")},
     )  # fmt: skip
-    return sql, [*attempts_args, now, *lease_args, now, *where_args, *current_args, *guard_args]
+
+
+_RECEIPT = ("receipt_id", "receipt_op", "receipt_digest", "receipt_task_state")
 
 
 def attempts_finish_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
@@ -144,55 +171,34 @@ def attempts_finish_statement(rows: Mapping[Key, Mapping[str, Any]], now: dateti
     receipt (``attempt_finish_if_running`` per row): each row is ``{"state", "result",
     "error", "retryable", "revision"}``, plus for a report ``{"receipt_id", "receipt_op",
     "receipt_digest", "receipt_task_state"}`` (``receipt_at`` is ``now``)."""
-    by_id = {k[1]: v for k, v in rows.items()}
-    sets: list[str] = []
-    args: list[Any] = []
-    receipts = ("receipt_id", "receipt_op", "receipt_digest", "receipt_task_state")
-    columns = ("state", "result", "error", "retryable")
-    if any("receipt_id" in r for r in by_id.values()):
-        columns += receipts
-        sets.append("receipt_at = %s")
-        args.append(now)
-    for column in columns:
-        sql, a = case_by_id(column, {i: r.get(column) for i, r in by_id.items()})
-        sets.append(sql)
-        args += a
-    where, where_args = _where(KeySet(rows))
-    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
-    sql = (
-        "UPDATE pulse_attempts SET " + ", ".join(sets)
-        + ", finished_at = %s, revision = revision + 1 WHERE " + where
-        + " AND state = 'RUNNING' AND " + guard
-    )  # fmt: skip
-    return sql, [*args, now, *where_args, *guard_args]
+    columns: tuple[str, ...] = ("state", "result", "error", "retryable")
+    also: list[tuple[str, Sequence[Any]]] = [("finished_at = %s", (now,))]
+    if any("receipt_id" in r for r in rows.values()):
+        columns += _RECEIPT
+        also.append(("receipt_at = %s", (now,)))
+    return guarded_update(
+        "pulse_attempts", KeySet(rows), values={c: _col(rows, c) for c in columns}, also=also,
+        state="RUNNING", guards={"revision": _col(rows, "revision")},
+    )
 
 
 def tasks_end_run_statement(rows: Mapping[Key, Mapping[str, Any]], now: datetime) -> tuple[str, list[Any]]:
     """RUNNING → finished, WAITING (retry) or NEEDS_REVIEW for the tasks of many namespaces
     (``task_end_run_if_running`` per row): each row is ``{"attempt_id", "state", "result",
     "error", "finished_at", "available_at", "effect_uncertain", "revision"}``."""
-    by_id = {k[1]: v for k, v in rows.items()}
-    sets: list[str] = []
-    args: list[Any] = []
-    for column in ("state", "result", "error", "finished_at", "effect_uncertain"):
-        sql, a = case_by_id(column, {i: r[column] for i, r in by_id.items()})
-        sets.append(sql)
-        args += a
     # A row without a new available_at (NULL) keeps its own.
-    expr, a = case_expr({i: r["available_at"] for i, r in by_id.items()})
-    sets.append(f"available_at = COALESCE({expr}, available_at)")
-    args += a
-    where, where_args = _where(KeySet(rows))
-    current, current_args = guard_by_id("current_attempt_id", {i: r["attempt_id"] for i, r in by_id.items()})
-    guard, guard_args = guard_by_id("revision", {i: r["revision"] for i, r in by_id.items()})
-    sql = (
-        "UPDATE pulse_tasks SET " + ", ".join(sets)
-        + ", current_attempt_id = NULL, session_id = NULL, lease_expires_at = NULL,"
-        " cancel_requested = 0, state_version = state_version + 1, state_changed_at = %s,"
-        " revision = revision + 1 WHERE " + where
-        + " AND state = 'RUNNING' AND " + current + " AND " + guard
+    expr, expr_args = case_expr(_col(rows, "available_at"))
+    return guarded_update(
+        "pulse_tasks", KeySet(rows),
+        values={c: _col(rows, c) for c in ("state", "result", "error", "finished_at",
+                                           "effect_uncertain")},
+        also=[(f"available_at = COALESCE({expr}, available_at)", expr_args),
+              ("current_attempt_id = NULL, session_id = NULL, lease_expires_at = NULL,"
+               " cancel_requested = 0, state_version = state_version + 1", ()),
+              ("state_changed_at = %s", (now,))],
+        state="RUNNING",
+        guards={"current_attempt_id": _col(rows, "attempt_id"), "revision": _col(rows, "revision")},
     )  # fmt: skip
-    return sql, [*args, now, *where_args, *current_args, *guard_args]
 
 
 # -- heartbeats ------------------------------------------------------------------------------
