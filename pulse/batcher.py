@@ -222,7 +222,7 @@ class WorkerBatches:
         self.reports: GroupCommit[int, tuple[bytes, Any], Any] = GroupCommit(
             lambda _group, items: report_round(db, items), max_batch=size, name="reports"
         )
-        self.heartbeats: GroupCommit[int, tuple[bytes, bytes, Any], Any] = GroupCommit(
+        self.heartbeats: GroupCommit[int, Any, Any] = GroupCommit(
             lambda _group, items: heartbeat_round(db, items), max_batch=size, name="heartbeats"
         )
 
@@ -237,12 +237,16 @@ class WorkerBatches:
         item's own error)."""
         return await self.reports.submit(shard_group(namespace_id), (namespace_id, rep))
 
-    async def heartbeat(self, namespace_id: bytes, session_id: bytes, attempt_ids: Any) -> Any:
+    async def heartbeat(
+        self, namespace_id: bytes, session_id: bytes, attempt_ids: Any, progress: Any = None
+    ) -> Any:
         """:func:`pulse.attempts.heartbeat`, in this node's next heartbeat round (raises
-        :class:`~pulse.attempts.SessionGone` for its own session)."""
-        return await self.heartbeats.submit(
-            shard_group(namespace_id), (namespace_id, session_id, list(attempt_ids))
-        )
+        :class:`~pulse.attempts.SessionGone` for its own session); ``progress``: checked
+        documents by attempt id (pulse/progress.py)."""
+        item = (namespace_id, session_id, list(attempt_ids))
+        if progress:
+            item = (*item, progress)
+        return await self.heartbeats.submit(shard_group(namespace_id), item)
 
     async def close(self) -> None:
         await self.starts.close()

@@ -8,7 +8,8 @@ unexpired, its credential neither revoked nor expired, its application active (e
 (sorted by namespace and id; the clock is read once they are held), then — through the guarded UPDATEs — the tasks, then the attempts. Per heartbeat
 the answer is exactly the one a heartbeat alone gets (:func:`pulse.attempts.heartbeat`
 documents it). The writes are one UPDATE per table for the whole round: sessions extended,
-instances touched, the running attempts' leases and their tasks' mirrors extended. The
+instances touched, the running attempts' leases and their tasks' mirrors extended — with the
+progress documents the heartbeats report (pulse/progress.py) in those same two UPDATEs. The
 attempt views are read without locks, so the guarded UPDATEs decide: when their matched
 count is below the rows (a report or recovery moved one of them meanwhile), the round is
 rolled back and run again with one guarded UPDATE per row, whose counts say which held.
@@ -16,7 +17,7 @@ rolled back and run again with one guarded UPDATE per row, whose counts say whic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,11 +28,14 @@ from orbit.storage.keys import KeySet
 from orbit.times import format_time
 from pulse import wire
 from pulse.attempts import HeartbeatResult, SessionGone, ms
-from pulse.store import attempts as attempt_store
 from pulse.store import rounds as store
 
-#: One heartbeat of a round: (namespace id, session id, the attempt ids it lists).
-HeartbeatItem = tuple[bytes, bytes, Sequence[str]]
+#: One heartbeat of a round: (namespace id, session id, the attempt ids it lists), and
+#: optionally the progress documents it reports, by attempt id (checked JSON object texts,
+#: pulse/progress.py): written with the lease of an attempt the round extends.
+HeartbeatItem = (
+    tuple[bytes, bytes, Sequence[str]] | tuple[bytes, bytes, Sequence[str], Mapping[str, str]]
+)
 
 
 class _Diverged(Exception):
@@ -54,7 +58,7 @@ async def heartbeat_round(
 async def _round(
     tx: Tx, items: Sequence[HeartbeatItem], now: datetime | None, *, per_row: bool
 ) -> list[HeartbeatResult | SessionGone]:
-    sessions = await store.session_lock_keys(tx, KeySet((ns, sid) for ns, sid, _ in items), now)
+    sessions = await store.session_lock_keys(tx, KeySet((it[0], it[1]) for it in items), now)
     if not sessions:
         return [SessionGone() for _ in items]
     t: datetime = now if now is not None else next(iter(sessions.values()))["db_now"]
@@ -66,12 +70,18 @@ async def _round(
         elif s["state"] == "ACTIVE" and s["expires_at"] > t:
             live[(ns, sid)] = t + ms(int(s["lease_ms"]))
     wanted = KeySet()
-    for ns, sid, attempt_ids in items:
+    progress: dict[tuple[bytes, bytes], str] = {}  # (namespace, attempt id) → document
+    for item in items:
+        ns, sid, attempt_ids = item[0], item[1], item[2]
         if (ns, sid) in live:
             for text in attempt_ids:
                 raw = parse_id(text)
                 if raw is not None:
                     wanted.add(ns, raw)
+            for text, doc in (item[3].items() if len(item) > 3 else ()):  # type: ignore[misc]
+                raw = parse_id(text)
+                if raw is not None:
+                    progress[(ns, raw)] = doc
     statements: list[tuple[str, Any]] = []
     if live:
         statements.append(store.sessions_extend_statement(live, t))
@@ -92,14 +102,11 @@ async def _round(
             extend[(ns, raw)] = {
                 "task_id": v["task_id"], "session_id": v["session_id"],
                 "lease_expires_at": t + ms(int(v["lease_ms"])),
+                "progress": progress.get((ns, raw)),
             }  # fmt: skip
-    if per_row:
-        for (ns, raw), r in sorted(extend.items()):
-            params = {"namespace_id": ns, "id": r["task_id"], "attempt_id": raw,
-                      "session_id": r["session_id"], "lease_expires_at": r["lease_expires_at"],
-                      "now": t}  # fmt: skip
-            statements.append((attempt_store.Q.task_heartbeat_if_running, params))
-            statements.append((attempt_store.Q.attempt_heartbeat_if_running, {**params, "id": raw}))
+    if per_row:  # the same two guarded UPDATEs, one row each: their counts say which held
+        for key, r in sorted(extend.items()):
+            statements += store.heartbeat_statements({key: r}, t)
     elif extend:
         statements += store.heartbeat_statements(extend, t)
     counts = await tx.execute_batch(statements)
@@ -119,7 +126,8 @@ async def _round(
             raise _Diverged()
         held = set(extend)
     out: list[HeartbeatResult | SessionGone] = []
-    for ns, sid, attempt_ids in items:
+    for item in items:
+        ns, sid, attempt_ids = item[0], item[1], item[2]
         expires = live.get((ns, sid))
         if expires is None:
             out.append(SessionGone(credential=(ns, sid) in refused))

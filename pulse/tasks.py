@@ -32,6 +32,7 @@ from orbit.storage import Database, Tx
 from orbit.times import format_opt, format_time
 from pulse import transitions
 from pulse.errors import TaskNotFound, TaskStateConflict
+from pulse.progress import attempt_progress
 from pulse.store import queues as queue_store
 from pulse.store import tasks as store
 from pulse.store import watchdog as watchdog_store
@@ -146,7 +147,9 @@ async def list_tasks(
 
 
 def attempt_view(row: dict[str, Any], evidence: list[dict[str, Any]]) -> dict[str, Any]:
-    """The API attempt object (no token digests), with its evidence."""
+    """The API attempt object (no token digests), with its evidence and its last progress
+    document (pulse/progress.py)."""
+    progress, progress_at = attempt_progress(row)
     return {
         "id": id_hex(row["id"]),
         "generation": int(row["generation"]),
@@ -160,6 +163,8 @@ def attempt_view(row: dict[str, Any], evidence: list[dict[str, Any]]) -> dict[st
         "result": transitions.raw_json(row["result"]),
         "error": transitions.json_value(row["error"]),
         "retryable": None if row["retryable"] is None else bool(row["retryable"]),
+        "progress": progress,
+        "progress_at": progress_at,
         "evidence": evidence,
     }
 

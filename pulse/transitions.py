@@ -36,6 +36,7 @@ from orbit.ids import id_hex
 from orbit.storage import Tx
 from orbit.storage.keys import KeySet
 from orbit.times import format_opt
+from pulse.progress import task_progress
 from pulse.store import queues as usage_store
 
 #: States that end a task.
@@ -92,8 +93,10 @@ def task_view(row: Mapping[str, Any]) -> dict[str, Any]:
     """The API task object of a ``pulse_tasks`` row (all columns of ``tasks.sql`` TASK_COLUMNS).
 
     ``payload`` and ``result`` are :class:`msgspec.Raw` (exactly the stored bytes); encode the
-    dict with ``msgspec.json.encode``.
+    dict with ``msgspec.json.encode``. ``progress`` is the latest attempt's progress
+    document (pulse/progress.py), null when it reported none.
     """
+    progress, progress_at = task_progress(row)
     return {
         "id": id_hex(row["id"]),
         "queue": row["queue_name"],
@@ -128,6 +131,8 @@ def task_view(row: Mapping[str, Any]) -> dict[str, Any]:
             "backoff_multiplier": float(row["retry_backoff_multiplier"]),
         },
         "resolution": json_value(row["resolution"]),
+        "progress": progress,
+        "progress_at": progress_at,
         "source": {
             "kind": row["source_kind"],
             "id": id_hex(row["source_id"]) if row["source_id"] is not None else None,

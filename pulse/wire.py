@@ -50,10 +50,12 @@ class Start(msgspec.Struct, tag_field="type", tag="start", kw_only=True):
 
 
 class Heartbeat(msgspec.Struct, tag_field="type", tag="heartbeat", kw_only=True):
-    """Keep the session alive and extend the leases of the listed running attempts."""
+    """Keep the session alive and extend the leases of the listed running attempts;
+    ``progress`` reports a JSON object per listed attempt (pulse/progress.py)."""
 
     msg_id: MsgId
     attempt_ids: list[Hex32] = msgspec.field(default_factory=list)
+    progress: dict[Hex32, msgspec.Raw] | None = None
 
 
 class Complete(msgspec.Struct, tag_field="type", tag="complete", kw_only=True):
@@ -286,6 +288,15 @@ class EmptyBody(msgspec.Struct, kw_only=True):
 
 class SessionHeartbeatBody(msgspec.Struct, kw_only=True):
     attempt_ids: list[Hex32] = msgspec.field(default_factory=list)
+    #: A JSON object per listed attempt: its progress (pulse/progress.py).
+    progress: dict[Hex32, msgspec.Raw] | None = None
+
+
+class AttemptHeartbeatBody(msgspec.Struct, kw_only=True):
+    """``POST …/attempts/{aid}/heartbeat``: optionally the attempt's progress (a JSON
+    object)."""
+
+    progress: msgspec.Raw = msgspec.field(default_factory=lambda: NULL)  # ``null`` = none
 
 
 class CompleteBody(msgspec.Struct, kw_only=True):

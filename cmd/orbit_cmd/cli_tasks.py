@@ -38,13 +38,14 @@ TASK_FIELDS = [
     "pipeline_version", "dedup_key", "concurrency_key", "retry_safe", "effect_uncertain",
     "cancel_requested", "created_at", "available_at", "deadline_at", "started_at",
     "finished_at", "payload", "result", "error", "resolution", "source", "revision",
-    "stuck_at", "stuck_reason",
+    "stuck_at", "stuck_reason", "progress", "progress_at",
 ]  # fmt: skip
 LIST_COLUMNS = ["id", "queue", "kind", "state", "priority", "attempts", "created_at", "finished_at"]
 #: ``orbit tasks list --stuck``: what the watchdog recorded instead of the finish columns.
 STUCK_COLUMNS = ["id", "queue", "kind", "state", "attempts", "stuck_at", "stuck_reason"]
 ATTEMPT_COLUMNS = [
-    "generation", "id", "state", "session_id", "started_at", "finished_at", "error", "evidence",
+    "generation", "id", "state", "session_id", "started_at", "finished_at", "error", "progress",
+    "evidence",
 ]  # fmt: skip
 #: The server's batch limit (docs/api/conventions.md#limits) and a body size safely under its
 #: default 1 MiB limit.

@@ -106,7 +106,8 @@ class Admission:
         )
 
     def refused(self, reason: str) -> None:
-        """Count a refusal (``frame_budget``, ``heartbeat_budget``, ``attempt_ids``)."""
+        """Count a refusal (``frame_budget``, ``heartbeat_budget``, ``attempt_ids``,
+        ``progress``)."""
         if self._refused is not None:
             self._refused.inc(reason=reason)
 

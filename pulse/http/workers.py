@@ -63,6 +63,7 @@ from pulse.hub import (
     PollConnection,
     WsConnection,
 )
+from pulse.progress import check_progress
 from pulse.recovery import release_session_offers
 from pulse.runtime import DISPATCHER_KEY, hub_of
 
@@ -399,13 +400,14 @@ class _StreamReader:
                 wire.Error(code="internal", message="internal error", ref_msg_id=ref)
             )
 
-    def _admit_heartbeat(self, attempt_ids: list[str]) -> None:
+    def _admit_heartbeat(self, frame: wire.Heartbeat) -> dict[str, str]:
         try:
-            check_attempt_ids(self.info, attempt_ids)
+            check_attempt_ids(self.info, frame.attempt_ids)
         except InvalidRequest:
             self._admission.refused("attempt_ids")
             raise
         self._admission.heartbeat(self.info)
+        return _checked_progress(self._admission, frame.progress, frame.attempt_ids)
 
     async def _answer(self, frame: wire.WorkerFrame) -> wire.ServerFrame | None:
         ns, sid = self.info.namespace_id, self.info.session_id
@@ -413,11 +415,11 @@ class _StreamReader:
             reply = await _start(self.ctx, self.hub, self.conn, frame.attempt_id)
             return msgspec.structs.replace(reply, ref_msg_id=frame.msg_id)
         if isinstance(frame, wire.Heartbeat):
-            self._admit_heartbeat(frame.attempt_ids)
+            progress = self._admit_heartbeat(frame)
             # The round judges the session as a new request would (credential, application,
             # expiry): a refused one ends the stream.
             try:
-                result = await _batches(self.ctx).heartbeat(ns, sid, frame.attempt_ids)
+                result = await _batches(self.ctx).heartbeat(ns, sid, frame.attempt_ids, progress)
             except attempts.SessionGone as gone:
                 if gone.credential:
                     self.ctx.metrics.counter(
@@ -582,10 +584,25 @@ async def session_heartbeat(request: Request) -> Response:
         await request.body(), wire.SessionHeartbeatBody, wire.SessionHeartbeatBody(),
         max_depth=_max_depth(request),
     )  # fmt: skip
-    return await _heartbeat(ctx, info, body.attempt_ids)
+    return await _heartbeat(ctx, info, body.attempt_ids, body.progress)
 
 
-async def _heartbeat(ctx: Any, info: sessions.SessionInfo, attempt_ids: list[str]) -> Response:
+def _checked_progress(
+    admission: Any, progress: dict[str, msgspec.Raw] | None, attempt_ids: list[str]
+) -> dict[str, str]:
+    try:
+        return check_progress(progress, attempt_ids)
+    except InvalidRequest:
+        admission.refused("progress")
+        raise
+
+
+async def _heartbeat(
+    ctx: Any,
+    info: sessions.SessionInfo,
+    attempt_ids: list[str],
+    progress: dict[str, msgspec.Raw] | None = None,
+) -> Response:
     admission = admission_of(ctx)
     try:
         check_attempt_ids(info, attempt_ids)
@@ -593,8 +610,11 @@ async def _heartbeat(ctx: Any, info: sessions.SessionInfo, attempt_ids: list[str
         admission.refused("attempt_ids")
         raise
     admission.heartbeat(info)  # 429 rate_limited past the session's heartbeat budget
+    checked = _checked_progress(admission, progress, attempt_ids)
     try:
-        result = await _batches(ctx).heartbeat(info.namespace_id, info.session_id, attempt_ids)
+        result = await _batches(ctx).heartbeat(
+            info.namespace_id, info.session_id, attempt_ids, checked
+        )
     except attempts.SessionGone:
         raise SessionGoneError("the session expired") from None
     return json_response(result.reply)
@@ -615,11 +635,20 @@ async def attempt_start(request: Request) -> Response:
     return json_response(reply)
 
 
-@api("Heartbeat one attempt", responses={200: wire.HeartbeatOk}, errors=(401,), tags=["workers"])
+@api(
+    "Heartbeat one attempt (optionally with its progress)", body=wire.AttemptHeartbeatBody,
+    responses={200: wire.HeartbeatOk}, errors=(400, 401), tags=["workers"],
+)  # fmt: skip
 async def attempt_heartbeat(request: Request) -> Response:
     ctx = _ctx(request)
     info = await _session(request)
-    return await _heartbeat(ctx, info, [request.path_params["aid"]])
+    body = decode_optional(
+        await request.body(), wire.AttemptHeartbeatBody, wire.AttemptHeartbeatBody(),
+        max_depth=_max_depth(request),
+    )  # fmt: skip
+    aid = request.path_params["aid"]
+    progress = None if bytes(body.progress).strip() == b"null" else {aid: body.progress}
+    return await _heartbeat(ctx, info, [aid], progress)
 
 
 async def _http_report(request: Request, body_type: type[Any]) -> Response:

@@ -11,7 +11,7 @@ namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_
   concurrency_key_digest, state, state_version, attempts, current_attempt_id, session_id,
   lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution, source_kind,
   source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at, finished_at,
-  revision
+  revision, progress, progress_at, progress_generation
 
 -- name: task_get
 SELECT {cols} FROM pulse_tasks
@@ -225,7 +225,8 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)
 -- An offer released unstarted keeps its generation for the next offer, so a generation may
 -- appear on several attempts (at most one of them started): offer time breaks the tie.
 SELECT namespace_id, id, task_id, generation, session_id, state, concurrency_token,
-  lease_expires_at, offered_at, started_at, finished_at, result, error, retryable
+  lease_expires_at, offered_at, started_at, finished_at, result, error, retryable, progress,
+  progress_at
 FROM pulse_attempts
 WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 ORDER BY generation, offered_at, id

@@ -262,17 +262,50 @@ def heartbeat_statements(
     attempt_expr, attempt_args = case_expr({k[1]: r["lease_expires_at"] for k, r in rows.items()})
     attempt_where, attempt_where_args = KeySet(rows).predicate()
     holder, holder_args = guard_by_id("session_id", {k[1]: r["session_id"] for k, r in rows.items()})
+    # A progress document (pulse/progress.py) rides in the same two UPDATEs: the rows that
+    # carry one get it, with the time and (on the task) the generation it belongs to.
+    reported = {k: r["progress"] for k, r in rows.items() if r.get("progress") is not None}
+    task_progress, task_progress_args = _progress_set(
+        {rows[k]["task_id"]: text for k, text in reported.items()}, now, generation=True
+    )
+    attempt_progress, attempt_progress_args = _progress_set(
+        {k[1]: text for k, text in reported.items()}, now
+    )
     return [
         (
-            "UPDATE pulse_tasks SET lease_expires_at = " + task_expr + ", revision = revision + 1"
-            " WHERE " + task_where + " AND state = 'RUNNING' AND " + current
-            + " AND lease_expires_at > %s",
-            [*task_args, *task_where_args, *current_args, now],
+            "UPDATE pulse_tasks SET lease_expires_at = " + task_expr + task_progress
+            + ", revision = revision + 1 WHERE " + task_where + " AND state = 'RUNNING' AND "
+            + current + " AND lease_expires_at > %s",
+            [*task_args, *task_progress_args, *task_where_args, *current_args, now],
         ),
         (
-            "UPDATE pulse_attempts SET lease_expires_at = " + attempt_expr
+            "UPDATE pulse_attempts SET lease_expires_at = " + attempt_expr + attempt_progress
             + ", revision = revision + 1 WHERE " + attempt_where + " AND state = 'RUNNING' AND "
             + holder + " AND lease_expires_at > %s",
-            [*attempt_args, *attempt_where_args, *holder_args, now],
+            [*attempt_args, *attempt_progress_args, *attempt_where_args, *holder_args, now],
         ),
     ]
+
+
+def _progress_set(
+    texts: Mapping[bytes, str], now: datetime, *, generation: bool = False
+) -> tuple[str, list[Any]]:
+    """SET items giving the rows of ``texts`` (by id) their progress document and time
+    (and, on tasks, ``progress_generation = attempts``: the running attempt's generation);
+    the other rows keep theirs. Empty when no row reported progress."""
+    if not texts:
+        return "", []
+    ids = sorted(texts)
+    whens: list[Any] = []
+    for i in ids:
+        whens += [i, texts[i]]
+    in_list = "id IN (" + ", ".join(["%s"] * len(ids)) + ")"
+    sql = (
+        ", progress = CASE id" + " WHEN %s THEN %s" * len(ids) + " ELSE progress END"
+        ", progress_at = IF(" + in_list + ", %s, progress_at)"
+    )
+    args = [*whens, *ids, now]
+    if generation:
+        sql += ", progress_generation = IF(" + in_list + ", attempts, progress_generation)"
+        args += ids
+    return sql, args

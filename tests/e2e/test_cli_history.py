@@ -1,5 +1,6 @@
 """``orbit tasks history ID`` runs as a process against a real orbit-server: the events of a
-task run over the HTTP fallback, as a table, as JSON, one page at a time and with --all."""
+task run over the HTTP fallback, as a table, as JSON, one page at a time and with --all.
+``orbit tasks get`` and ``orbit tasks attempts`` show the progress a worker reported."""
 
 from __future__ import annotations
 
@@ -40,3 +41,18 @@ def test_tasks_history(t: CliTenant) -> None:
     assert [e["type"] for e in every["events"]] == types
     missing = t.orbit("tasks", "history", "0" * 32)
     assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def test_tasks_get_shows_progress(t: CliTenant) -> None:
+    task = t.submit("jobs")
+    worker = HttpWorker(t, ["jobs"])
+    (started,) = worker.start(1)
+    r = worker._post(f"/attempts/{started['attempt_id']}/heartbeat", json={"progress": {"done": 7}})
+    assert r.status_code == 200, r.text
+    got = loads(t.orbit("tasks", "get", task["id"], "--json"))
+    assert got["progress"] == {"done": 7} and got["progress_at"]
+    human = t.orbit("tasks", "get", task["id"])
+    line = next(x for x in human.stdout.splitlines() if x.startswith("progress "))
+    assert '"done":7' in line.replace(" ", "")
+    attempts = t.orbit("tasks", "attempts", task["id"])
+    assert "PROGRESS" in attempts.stdout and '"done":7' in attempts.stdout.replace(" ", "")

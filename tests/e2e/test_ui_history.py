@@ -1,6 +1,7 @@
-"""The console's task history in a real headless Chromium against a real ``orbit-server``
-process (the fixtures of tests/e2e/test_ui_browser.py): the History table of a task page
-lists its raw state events in order. Screenshots land in ``reports/ui/``."""
+"""The console's task history and progress in a real headless Chromium against a real
+``orbit-server`` process (the fixtures of tests/e2e/test_ui_browser.py): the History table
+of a task page lists its raw state events in order; a running task shows the progress its
+worker reported with a heartbeat. Screenshots land in ``reports/ui/``."""
 
 from __future__ import annotations
 
@@ -38,3 +39,34 @@ async def test_task_history_timeline(console: Console, server: ConsoleServer, db
     await expect(rows.nth(2)).to_contain_text("WAITING")
     await section.scroll_into_view_if_needed()
     await console.shot("task-history")
+
+
+async def test_task_progress(console: Console, server: ConsoleServer, db: Database) -> None:
+    t = await bootstrap(server, db)
+    t.queue("prog")
+    task = t.submit("prog", "k")
+    r = t.http.post(t.path("workers", "sessions"), json={
+        "instance": {"host": "ui-test", "pid": 1, "sdk": "test"}, "queues": ["prog"],
+        "max_concurrency": 1,
+    })  # fmt: skip
+    assert r.status_code == 201, r.text
+    session = r.json()
+    worker = {"Authorization": f"Bearer {session['session_token']}"}
+    sid = session["session_id"]
+    offers = t.http.post(
+        t.path("workers", "sessions", sid, "poll") + "?wait_ms=5000", headers=worker
+    ).json()["offers"]
+    aid = offers[0]["attempt_id"]
+    assert t.http.post(t.path("attempts", aid, "start"), headers=worker).status_code == 200
+    r = t.http.post(
+        t.path("attempts", aid, "heartbeat"),
+        json={"progress": {"done": 3, "total": 4, "stage": "upload"}}, headers=worker,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    page = console.page
+    await console.login(t.key, t.ns)
+    await console.go(f"#/tasks/{task['id']}")
+    section = page.locator("section.progress-report")
+    await expect(section).to_contain_text("75 %")
+    await expect(section).to_contain_text('"stage":"upload"')
+    await console.shot("task-progress")

@@ -198,6 +198,7 @@ class Execution:
         self._handler_running = False
         self._wake = asyncio.Event()
         self._ctx: TaskContext | None = None
+        self._progress_sent = 0  # version of the handler's progress the server has
 
     def __repr__(self) -> str:
         return f"Execution(attempt_id={self.attempt_id!r}, task_id={self.offer.task.id!r})"
@@ -211,6 +212,17 @@ class Execution:
             if reason is CancelReason.CANCEL_REQUESTED and self._ctx is not None:
                 self._ctx._cancel_requested = True
             self._wake.set()
+
+    def pending_progress(self) -> tuple[int, bytes] | None:
+        """(version, document) of progress the handler set since the server last got it."""
+        ctx = self._ctx
+        if ctx is None or ctx._progress is None or ctx._progress_version <= self._progress_sent:
+            return None
+        return ctx._progress_version, ctx._progress
+
+    def progress_sent(self, version: int) -> None:
+        """A heartbeat carrying ``version`` of the progress extended the lease: it is kept."""
+        self._progress_sent = max(self._progress_sent, version)
 
     def lease_extended(self, sent_at: float, expires_at: datetime | None) -> None:
         """The server extended the lease (to ``expires_at``, server clock) in answer to a

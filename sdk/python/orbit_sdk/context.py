@@ -33,6 +33,9 @@ T = TypeVar("T")
 logger = logging.getLogger("orbit_sdk.worker")
 _ENCODER = _json.ENCODER
 
+#: The largest progress document the server keeps, in bytes of JSON text.
+MAX_PROGRESS_BYTES = 4096
+
 
 class TaskContext:
     """The running attempt, passed to every handler as its first argument."""
@@ -63,12 +66,43 @@ class TaskContext:
         self._execution_token = started.execution_token
         self._connection = connection
         self._cancel_requested = False
+        self._progress: bytes | None = None  # the latest document, encoded
+        self._progress_version = 0  # bumped by every set_progress
 
     def __repr__(self) -> str:
         return (
             f"TaskContext(task_id={self.task_id!r}, attempt_id={self.attempt_id!r}, "
             f"kind={self.kind!r}, generation={self.generation})"
         )
+
+    def set_progress(self, progress: Any) -> None:
+        """Report how far the handler got: ``progress`` is a JSON object (a dict, or any
+        msgspec-encodable value that encodes to one, e.g. a Struct) of at most
+        :data:`MAX_PROGRESS_BYTES` bytes, such as ``{"done": 40, "total": 100}``.
+
+        It goes to the server with the attempt's next heartbeat (every ``heartbeat_ms`` of
+        the session) and shows on the task (``progress``, ``progress_at``) and its attempt,
+        over the API, in ``orbit tasks get`` and in the console. Only the latest document
+        counts: calling this often costs nothing more than calling it once per heartbeat.
+        Raises :class:`TypeError` for a value that does not encode to a JSON object and
+        :class:`ValueError` for one that is too large (nothing is sent then)."""
+        try:
+            encoded = _ENCODER.encode(progress)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise TypeError(f"progress must encode to a JSON object: {exc}") from None
+        if not encoded.startswith(b"{"):
+            raise TypeError(f"progress must be a JSON object, not {type(progress).__name__}")
+        if len(encoded) > MAX_PROGRESS_BYTES:
+            raise ValueError(
+                f"progress is {len(encoded)} bytes of JSON, at most {MAX_PROGRESS_BYTES}"
+            )
+        self._progress = encoded
+        self._progress_version += 1
+
+    @property
+    def progress(self) -> Any:
+        """The latest document given to :meth:`set_progress` (decoded), or None."""
+        return None if self._progress is None else msgspec.json.decode(self._progress)
 
     @property
     def cancel_requested(self) -> bool:

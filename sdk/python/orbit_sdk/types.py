@@ -102,6 +102,11 @@ class Task(msgspec.Struct, kw_only=True):
     when it is not stuck)."""
     stuck_reason: str | None = None
     """Why it was surfaced, e.g. ``RUNNING for 612 s > stuck_after_ms 600000 on queue x``."""
+    progress: Any = None
+    """The latest progress document its running (or last) attempt reported with a heartbeat
+    (``TaskContext.set_progress``), decoded; None when that attempt reported none."""
+    progress_at: datetime | None = None
+    """When that progress was written (server clock)."""
 
     @overload
     def decode_payload(self) -> Any: ...
@@ -203,6 +208,9 @@ class Attempt(msgspec.Struct, kw_only=True):
     result: Raw = NULL
     error: Any = None
     retryable: bool | None = None
+    progress: Any = None
+    """The last progress document this attempt reported (decoded), or None."""
+    progress_at: datetime | None = None
     evidence: Any = None
 
 

@@ -251,10 +251,13 @@ class Start(_Frame, tag="start"):
 
 
 class Heartbeat(_Frame, tag="heartbeat"):
-    """Extend the leases of ``attempt_ids``; also keeps the session alive (may be empty)."""
+    """Extend the leases of ``attempt_ids``; also keeps the session alive (may be empty).
+    ``progress``: a JSON object per listed attempt whose handler reported progress (left
+    out of the frame when there is none)."""
 
     msg_id: str
     attempt_ids: list[str] = msgspec.field(default_factory=list)
+    progress: dict[str, Raw] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Complete(_Frame, tag="complete"):

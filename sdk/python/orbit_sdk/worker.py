@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 from msgspec import UNSET
 
 from ._backoff import Backoff
@@ -468,9 +469,17 @@ class Worker:
                 continue
             interval = max(session.heartbeat_ms, 1) / 1000.0
             held = [e for e in self._executions.values() if e.holds_lease]
+            progress: dict[str, msgspec.Raw] = {}
+            versions: dict[str, int] = {}
+            for e in held:
+                pending = e.pending_progress()
+                if pending is not None:
+                    versions[e.attempt_id] = pending[0]
+                    progress[e.attempt_id] = msgspec.Raw(pending[1])
             frame = Heartbeat(
-                msg_id=connection.next_msg_id(), attempt_ids=[e.attempt_id for e in held]
-            )
+                msg_id=connection.next_msg_id(), attempt_ids=[e.attempt_id for e in held],
+                progress=progress or msgspec.UNSET,
+            )  # fmt: skip
             sent_at = loop.time()
             self._heartbeat_kick.clear()
             try:
@@ -482,18 +491,22 @@ class Worker:
                 logger.warning("heartbeat rejected: %s (%s)", exc.code, exc.message)
             else:
                 if isinstance(reply, HeartbeatOk):
-                    self._apply_heartbeat(reply, sent_at)
+                    self._apply_heartbeat(reply, sent_at, versions)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, sent_at + interval - loop.time())):
                     await self._heartbeat_kick.wait()
 
-    def _apply_heartbeat(self, reply: HeartbeatOk, sent_at: float) -> None:
+    def _apply_heartbeat(
+        self, reply: HeartbeatOk, sent_at: float, progress: dict[str, int] | None = None
+    ) -> None:
         for lease in reply.attempts:
             execution = self._executions.get(lease.attempt_id)
             if execution is None:
                 continue
             if lease.ok:
                 execution.lease_extended(sent_at, lease.lease_expires_at)
+                if progress and lease.attempt_id in progress:
+                    execution.progress_sent(progress[lease.attempt_id])
             else:
                 execution.lease_lost("the server reports the lease is gone")
             if lease.cancel_requested:

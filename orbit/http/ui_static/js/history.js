@@ -1,6 +1,6 @@
 // A task's history: its raw state events in order (GET /tasks/{id}/events), every page
 // followed up to a bound, shown as a timeline table (time, event, state after it, attempt,
-// what else the event recorded).
+// what else the event recorded); and the progress its latest attempt reported.
 
 import { get, nsPath } from "./api.js";
 import { h, table } from "./dom.js";
@@ -51,4 +51,21 @@ export function historySection(history) {
     })),
     history.more ? h("p", { class: "muted small" }, `Showing the first ${history.events.length.toLocaleString("en-US")} events; `
       + "`orbit tasks history ID --all` lists every one.") : null);
+}
+
+/** The progress its latest attempt reported: the document, when, and a bar when it holds
+ * numbers `done` and `total` (or a `percent`). */
+export function progressSection(t, raw) {
+  const p = t.progress && typeof t.progress === "object" ? t.progress : {};
+  let fraction = null;
+  if (typeof p.done === "number" && typeof p.total === "number" && p.total > 0) fraction = p.done / p.total;
+  else if (typeof p.percent === "number") fraction = p.percent / 100;
+  const bar = fraction === null ? null : h("progress", {
+    max: "100", value: String(Math.round(Math.min(1, Math.max(0, fraction)) * 100)),
+    "aria-label": "Progress",
+  });
+  return h("section", { class: "progress-report", "aria-labelledby": "progress-h" },
+    h("h2", { id: "progress-h" }, "Progress"),
+    h("p", {}, bar, bar ? ` ${Math.round(Math.min(1, Math.max(0, fraction)) * 100)} % ` : null,
+      jsonInline(raw, t.progress, 200), " ", h("span", { class: "muted small" }, "reported "), time(t.progress_at, { relative: true })));
 }

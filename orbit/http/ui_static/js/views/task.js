@@ -4,7 +4,7 @@
 import { get, nsPath, post, serves } from "../api.js";
 import { deflist, h, table } from "../dom.js";
 import { jsonBlock, jsonInline, num, shortId, state, time, yesno } from "../format.js";
-import { historySection, loadHistory } from "../history.js";
+import { historySection, loadHistory, progressSection } from "../history.js";
 import { rerunForm } from "../rerun.js";
 import { resolveForm } from "../resolve.js";
 import { act, liveRegion, missing } from "../widgets.js";
@@ -40,6 +40,7 @@ export function mount(ctx) {
       out.push(h("p", { class: "notice" }, "Cancel requested: waiting for the worker to stop."));
     }
     out.push(actions(t));
+    if (t.progress !== null && t.progress !== undefined) out.push(progressSection(t, task.json.raw("progress")));
     out.push(h("section", { "aria-labelledby": "facts-h" }, h("h2", { id: "facts-h" }, "Facts"), facts(t)));
     out.push(h("section", { class: "json-grid", "aria-label": "Payload, result and error" },
       jsonBlock("Payload", task.json.raw("payload"), t.payload),
