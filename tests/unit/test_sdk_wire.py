@@ -52,9 +52,8 @@ WORKER_FRAMES: list[tuple[Any, dict[str, Any]]] = [
     (Heartbeat(msg_id="m3"), {"type": "heartbeat", "msg_id": "m3", "attempt_ids": []}),
     (
         Heartbeat(msg_id="m3p", attempt_ids=[HEX], progress={HEX: msgspec.Raw(b'{"done":1}')}),
-        {"type": "heartbeat", "msg_id": "m3p", "attempt_ids": [HEX],
-         "progress": {HEX: {"done": 1}}},
-    ),  # fmt: skip
+        {"type": "heartbeat", "msg_id": "m3p", "attempt_ids": [HEX], "progress": {HEX: {"done": 1}}},
+    ),
     (
         Complete(
             msg_id="m4", attempt_id=HEX, execution_token="tok", result=msgspec.Raw(b'{"a":1}')
