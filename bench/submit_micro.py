@@ -42,7 +42,7 @@ from orbit.http.app import build_app
 from orbit.settings import Settings
 from orbit.storage import Database
 from pulse import queues as queue_service
-from pulse import submit
+from pulse import submit, submit_rows
 from pulse.store import tasks as task_store
 from pulse.types import QueuePut
 
@@ -130,7 +130,7 @@ class _old_path:
 
         self._patch(task_store, "task_insert_literal", insert_and_read_back)
         self._patch(orbit_events, "append_events_bulk", events)
-        self._patch(submit._FreshViews, "wire", lambda _self, res: res.wire())
+        self._patch(submit_rows._FreshViews, "wire", lambda _self, res: res.wire())
 
     def __exit__(self, *exc: object) -> None:
         for obj, name, value in reversed(self.saved):

@@ -14,7 +14,7 @@ from pulse_fixtures import recount
 
 from orbit.storage import Database, Tx
 from orbit.storage.literals import literal
-from pulse import submit, transitions
+from pulse import submit, submit_rows, transitions
 from pulse.store import tasks as task_store
 from pulse.types import TaskSubmit
 
@@ -131,7 +131,7 @@ async def test_rows_events_and_answer_equal_what_the_database_stored(db, tenant)
     for task_id in ids:
         row = dict(stored[task_id])
         ins = {k: row[k] for k in row if k in _INSERT_KEYS}
-        assert submit._as_stored(ins) == row
+        assert submit_rows._as_stored(ins) == row
         assert row["created_at"] == row["state_changed_at"] == stamp
     # One raw event per task, the body record_many writes, the request id, the same stamp.
     events = {e["subject_id"]: e for e in await _events(db, t.namespace_id)}
