@@ -263,16 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seconds = args.minutes * 60 if args.minutes is not None else args.seconds
     res, work = cluster_run(seconds, seed=args.seed, settle_s=args.settle, keep=args.keep)
-    out = res.to_json()
+    return report_run(res, work, "cluster_chaos_by_hand", compact=args.json)
+
+
+def report_run(res: chaos.ChaosResult, work: Path, name: str, *, compact: bool) -> int:
+    """Record the figures (.orbit/reliability/figures.jsonl), write ``result.json`` next to
+    the run's logs, print the JSON and a summary line; the exit status (1: anomalies)."""
     from reliability_support import record_figures
 
-    record_figures("cluster_chaos_by_hand", **out)
+    out = res.to_json()
+    record_figures(name, **out)
     (work / "result.json").write_text(json.dumps(out, default=str, indent=2))
-    print(json.dumps(out, indent=None if args.json else 2, default=str))
-    print(f"{res.tasks} tasks, {res.operations} client operations, {sum(res.faults.values())} faults, "
+    print(json.dumps(out, indent=None if compact else 2, default=str))
+    print(f"{name}: {res.tasks} tasks, {res.operations} client operations, {sum(res.faults.values())} faults, "
           f"{len(res.anomalies)} anomalies (logs and history.jsonl in {work})", file=sys.stderr)  # fmt: skip
     return 1 if res.anomalies else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -630,6 +630,15 @@ def galera_cluster(root: Path | None = None, size: int = 3, **kw: Any) -> Iterat
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def require_galera() -> None:
+    """Skip the calling test when this machine cannot run a cluster (pytest only)."""
+    import pytest
+
+    why = probe()
+    if why is not None:
+        pytest.skip(f"no Galera here: {why}")
+
+
 def probe() -> str | None:
     """None when a cluster can run here, else why not."""
     try:

@@ -20,7 +20,7 @@ import pymysql
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from galera import WSREP_NOT_READY, GaleraCluster, probe
+from galera import WSREP_NOT_READY, GaleraCluster, galera_cluster, require_galera
 
 from orbit import migrate
 
@@ -29,16 +29,10 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GaleraCluster]:
-    why = probe()
-    if why is not None:
-        pytest.skip(f"no Galera here: {why}")
-    c = GaleraCluster(tmp_path_factory.mktemp("galera"))
-    try:
-        c.start()
+    require_galera()
+    with galera_cluster(tmp_path_factory.mktemp("galera")) as c:
         c.create_database("orbit")
         yield c
-    finally:
-        c.stop()
 
 
 def _conn(c: GaleraCluster, node: int) -> pymysql.connections.Connection:

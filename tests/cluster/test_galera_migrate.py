@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from galera import GaleraCluster, probe
+from galera import GaleraCluster, galera_cluster, require_galera
 
 from orbit import migrate
 from orbit.migrate.types import DirtyState
@@ -37,15 +37,9 @@ UPDATE mig_counter SET n = n + 1 WHERE id = 1;
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GaleraCluster]:
-    why = probe()
-    if why is not None:
-        pytest.skip(f"no Galera here: {why}")
-    c = GaleraCluster(tmp_path_factory.mktemp("galera-migrate"))
-    try:
-        c.start()
+    require_galera()
+    with galera_cluster(tmp_path_factory.mktemp("galera-migrate")) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def _dir(tmp_path: Path, sleep: float) -> Path:
