@@ -90,6 +90,9 @@ def _as_stored(row: dict[str, Any]) -> dict[str, Any]:
         started_at=None,
         finished_at=None,
         revision=1,
+        progress=None,
+        progress_at=None,
+        progress_generation=None,
     )
     return out
 
@@ -156,6 +159,8 @@ class _FreshViews:
                 "backoff_multiplier": float(row["retry_backoff_multiplier"]),
             },
             "resolution": None,
+            "progress": None,
+            "progress_at": None,
             "source": {
                 "kind": row["source_kind"],
                 "id": id_hex(row["source_id"]) if row["source_id"] is not None else None,
