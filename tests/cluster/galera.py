@@ -63,6 +63,7 @@ PROVIDER_PATHS = ("/usr/lib/galera/libgalera_smm.so", "/usr/lib/libgalera_smm.so
                   "/usr/lib64/galera-4/libgalera_smm.so", "/usr/lib64/galera/libgalera_smm.so")  # fmt: skip
 START_TIMEOUT = 180.0
 STOP_GRACE = 30.0
+RECOVER_TIMEOUT = 120.0
 CLUSTER_NAME = "orbit-test"
 #: wsrep error: the node is not part of the primary component (lost quorum, not synced).
 WSREP_NOT_READY = 1047
@@ -286,8 +287,19 @@ class GaleraNode:
         out = self.root / "recover.log"
         cmd = [a for a in self._command(bootstrap=False, start_position=None) if not a.startswith("--log-error")]
         cmd += ["--wsrep-recover", f"--log-error={out}"]
-        subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=120, check=False)  # fmt: skip
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self.cluster.started_pids.add(proc.pid)
+        try:
+            proc.wait(RECOVER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            # A recovery that cannot finish (the machine is starved, or a leftover of the
+            # killed server still holds a file): give up on IST and let the node ask for a
+            # full state transfer, as a node with no recovered position does.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            return None
         m = re.findall(r"Recovered position:\s*([0-9a-f-]{36}:-?\d+)", out.read_text(errors="replace")
                        if out.exists() else "")  # fmt: skip
         return m[-1] if m else None
@@ -374,6 +386,11 @@ class GaleraNode:
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+        # The server runs in a process group of its own: what it started (a state-transfer
+        # script and its rsync or mariabackup) dies with it, as on a machine that crashed,
+        # instead of holding the data directory while the node restarts.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         """A clean shutdown (SIGTERM, SIGKILL after a grace period)."""
