@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,7 +40,13 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     async_playwright = None  # type: ignore[assignment]
 
-REPORTS = ROOT / "reports" / "ui"
+#: Screenshots are published to reports/ui/ only when asked (ORBIT_PUBLISH_SCREENSHOTS=1);
+#: otherwise they go to the run's temporary folder, so a test run changes no tracked file.
+REPORTS = (
+    ROOT / "reports" / "ui"
+    if os.environ.get("ORBIT_PUBLISH_SCREENSHOTS")
+    else Path(tempfile.gettempdir()) / "orbit-ui-screenshots"
+)
 TASKS = 60
 LAUNCH_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

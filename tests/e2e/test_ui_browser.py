@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,7 +38,13 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     async_playwright = None  # type: ignore[assignment]
 
-REPORTS = ROOT / "reports" / "ui"
+#: Screenshots are published to reports/ui/ only when asked (ORBIT_PUBLISH_SCREENSHOTS=1);
+#: otherwise they go to the run's temporary folder, so a test run changes no tracked file.
+REPORTS = (
+    ROOT / "reports" / "ui"
+    if os.environ.get("ORBIT_PUBLISH_SCREENSHOTS")
+    else Path(tempfile.gettempdir()) / "orbit-ui-screenshots"
+)
 STATIC = ROOT / "orbit" / "http" / "ui_static"
 VIEWPORT = {"width": 1366, "height": 768}
 LAUNCH_ARGS = [

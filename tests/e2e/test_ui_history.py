@@ -1,7 +1,7 @@
 """The console's task history and progress in a real headless Chromium against a real
 ``orbit-server`` process (the fixtures of tests/e2e/test_ui_browser.py): the History table
 of a task page lists its raw state events in order; a running task shows the progress its
-worker reported with a heartbeat. Screenshots land in ``reports/ui/``."""
+worker reported with a heartbeat. Screenshots: see test_ui_browser.REPORTS."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The console's operator controls in a real headless Chromium against a real
 ``orbit-server`` process (the fixtures of tests/e2e/test_ui_browser.py): schedule trigger,
-backfill and delete. Screenshots land in ``reports/ui/``."""
+backfill and delete. Screenshots: see test_ui_browser.REPORTS."""
 
 from __future__ import annotations
 
