@@ -421,7 +421,8 @@ async def append_result_events_across(
     return [r["seq"] for r in rows]
 
 
-def _result_event(row: dict[str, Any]) -> ResultEvent:
+def result_event_from_row(row: dict[str, Any]) -> ResultEvent:
+    """The :class:`ResultEvent` of an ``orbit_result_events`` row."""
     return ResultEvent(
         seq=int(row["seq"]),
         event_id=bytes(row["event_id"]),
@@ -444,7 +445,7 @@ async def read_result_events(
 ) -> list[ResultEvent]:
     """Result events with ``seq > after_seq`` in sequence order, at most ``limit``."""
     rows = await store.result_event_list_after(tx, namespace_id, after_seq, limit)
-    return [_result_event(r) for r in rows]
+    return [result_event_from_row(r) for r in rows]
 
 
 async def list_result_events(

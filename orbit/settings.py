@@ -15,6 +15,9 @@ class Settings:
     #: Largest accepted request body in bytes (default 1 MiB, docs/api/conventions.md#limits);
     #: larger → 413.
     max_body_bytes: int = MiB
+    #: Most bytes of stored JSON one list page carries (docs/api/conventions.md#lists); a page
+    #: that reaches it ends early with a ``next_cursor``.
+    max_page_bytes: int = 4 * MiB
     #: Deepest accepted JSON request body (the body object is level 1); deeper → 400.
     max_json_depth: int = 32
     #: How long an Idempotency-Key is remembered (default 24 h,

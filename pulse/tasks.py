@@ -83,8 +83,11 @@ async def list_tasks(
     limit: int = pagination.DEFAULT_LIMIT,
     cursor: str | None = None,
     stuck: bool | None = None,
+    max_bytes: int = pagination.MAX_PAGE_BYTES,
 ) -> dict[str, Any]:
     """Tasks oldest first (``created_at``, ``id``), filtered; ``{"items", "next_cursor"}``.
+    A page holds at most ``max_bytes`` of stored JSON (at least one task): it is sized first
+    and only its rows are read (orbit/pagination.py).
 
     The cursor is bound to the filters: reusing it with other filters is a 400. An unknown
     queue name matches nothing (empty page); an invalid state or owner id is a 400.
@@ -130,14 +133,16 @@ async def list_tasks(
             "limit": limit + 1,
         }
         if stuck is None:
-            rows = await store.task_list(tx, params)
+            sized = await store.task_list_sizes(tx, params)
         else:
-            rows = await watchdog_store.task_list(tx, {**params, "stuck": int(stuck)})
-        more = len(rows) > limit
-        rows = rows[:limit]
+            sized = await watchdog_store.task_list_sizes(tx, {**params, "stuck": int(stuck)})
+        keys = sized[: pagination.fitting((int(r["page_bytes"] or 0) for r in sized[:limit]),
+                                          max_bytes)]  # fmt: skip
+        found = await store.task_get_many(tx, namespace_id, [k["id"] for k in keys])
+        rows = [found[k["id"]] for k in keys if k["id"] in found]
         next_cursor = None
-        if more and rows:
-            last = rows[-1]
+        if len(sized) > len(keys) and keys:
+            last = keys[-1]
             next_cursor = pagination.encode_cursor(
                 {"t": last["created_at"].isoformat(), "i": last["id"].hex()}, bound
             )

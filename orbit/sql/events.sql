@@ -111,3 +111,19 @@ WHERE namespace_id = %(namespace_id)s AND subject_kind = %(subject_kind)s
   AND created_at >= %(since)s AND created_at < %(until)s
 ORDER BY created_at, id
 LIMIT %(limit)s
+
+-- name: result_event_sizes_after
+-- The page result_event_list_after would read, sized: each event's seq, queue and the bytes
+-- of its stored result and error (a list page is cut at its byte budget before it is read).
+SELECT seq, queue, COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0) AS page_bytes
+FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: result_event_get_many
+SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state, result,
+  error, attempts, finished_at, created_at
+FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
+ORDER BY seq

@@ -125,6 +125,28 @@ async def result_event_list_after(
     )
 
 
+async def result_event_sizes_after(
+    tx: Tx, namespace_id: bytes, after_seq: int, limit: int
+) -> list[dict[str, Any]]:
+    """``seq``, ``queue`` and ``page_bytes`` of the events :func:`result_event_list_after`
+    would read."""
+    return await tx.fetchall(
+        Q.result_event_sizes_after,
+        {"namespace_id": namespace_id, "after_seq": after_seq, "limit": limit},
+    )
+
+
+async def result_event_get_many(
+    tx: Tx, namespace_id: bytes, seqs: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The events of ``seqs``, in sequence order."""
+    if not seqs:
+        return []
+    return await tx.fetchall(
+        Q.result_event_get_many, {"namespace_id": namespace_id, "seqs": tuple(seqs)}
+    )
+
+
 async def result_event_last_seq(tx: Tx, namespace_id: bytes) -> int:
     return int(await tx.fetchval(Q.result_event_last_seq, {"namespace_id": namespace_id}) or 0)
 

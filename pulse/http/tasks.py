@@ -190,6 +190,7 @@ async def list_tasks(request: Request) -> Response:
         limit=parse_limit(q.get("limit")),
         cursor=q.get("cursor"),
         stuck=_parse_stuck(q.get("stuck")),
+        max_bytes=_ctx(request).settings.max_page_bytes,
     )
     return json_response(page)
 

@@ -13,6 +13,10 @@ namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_
   source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at, finished_at,
   revision, progress, progress_at, progress_generation
 
+-- name: task_page_columns
+created_at, id, LENGTH(payload) + COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0)
+  + COALESCE(LENGTH(resolution), 0) + COALESCE(LENGTH(progress), 0) AS page_bytes
+
 -- name: task_get
 SELECT {cols} FROM pulse_tasks
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s

@@ -16,6 +16,9 @@ from orbit.storage.literals import insert_values
 
 _RAW = load_queries(__file__, "tasks")
 Q = Queries({k: v.replace("{cols}", _RAW.task_columns) for k, v in _RAW.items()})
+#: The same queries selecting only the keyset position and the stored JSON bytes of each
+#: task (``task_page_columns``): a list page is sized before its rows are read.
+Q_PAGE = Queries({k: v.replace("{cols}", _RAW.task_page_columns) for k, v in _RAW.items()})
 
 Row = dict[str, Any]
 
@@ -113,6 +116,12 @@ async def task_list(tx: Tx, params: Row) -> list[Row]:
     """One page of tasks; ``params`` holds the filters (None = any), the keyset position
     ``after_created_at``/``after_id`` and ``limit``."""
     return await tx.fetchall(Q.task_list, params)
+
+
+async def task_list_sizes(tx: Tx, params: Row) -> list[Row]:
+    """The page :func:`task_list` would read, as ``created_at``, ``id`` and ``page_bytes``
+    (the bytes of its stored JSON) only."""
+    return await tx.fetchall(Q_PAGE.task_list, params)
 
 
 async def task_cancel_candidates(

@@ -14,6 +14,9 @@ from pulse.store import tasks as task_store
 
 _RAW = load_queries(__file__, "watchdog")
 Q = Queries({k: v.replace("{cols}", task_store.Q.task_columns) for k, v in _RAW.items()})
+Q_PAGE = Queries(
+    {k: v.replace("{cols}", task_store.Q.task_page_columns) for k, v in _RAW.items()}
+)
 
 Row = dict[str, Any]
 
@@ -96,6 +99,11 @@ async def task_list(tx: Tx, params: Row) -> list[Row]:
     """``GET tasks`` with the stuck filter: the params of ``task_list`` plus ``stuck``
     (1 = currently stuck, 0 = not)."""
     return await tx.fetchall(Q.watchdog_task_list, params)
+
+
+async def task_list_sizes(tx: Tx, params: Row) -> list[Row]:
+    """The page :func:`task_list` would read, as ``created_at``, ``id`` and ``page_bytes``."""
+    return await tx.fetchall(Q_PAGE.watchdog_task_list, params)
 
 
 async def sessions_of_queue(
