@@ -12,11 +12,13 @@ import msgspec
 
 from orbit import audit
 from orbit.audit import Actor
-from orbit.errors import Conflict, NotFound
+from orbit.errors import Conflict, NotFound, QuotaExceeded
 from orbit.ids import id_hex
 from orbit.preconditions import Preconditions
 from orbit.storage import Database, Tx
+from orbit.store import namespaces as namespace_store
 from orbit.store import resources as store
+from orbit.store import subscriptions as subscription_store
 from orbit.times import format_opt, format_time
 from orbit.types import ResourcesOut, ResourcesPut, ResourcesRow, ResourcesUsage
 
@@ -26,6 +28,7 @@ _FIELDS = (
     "max_active_attempts",
     "max_reservations",
     "max_starts_per_second",
+    "max_subscriptions",
 )
 
 
@@ -36,6 +39,7 @@ def resources_out(row: ResourcesRow) -> ResourcesOut:
         max_active_attempts=row.max_active_attempts,
         max_reservations=row.max_reservations,
         max_starts_per_second=row.max_starts_per_second,
+        max_subscriptions=row.max_subscriptions,
         revision=row.revision,
         usage=ResourcesUsage(
             unfinished_tasks=row.unfinished_tasks,
@@ -62,6 +66,44 @@ async def lock_resources(tx: Tx, app_id: bytes) -> ResourcesRow | None:
     columns with Pulse's own guarded UPDATEs in the same transaction.
     """
     return await store.resources_get_for_update(tx, app_id)
+
+
+#: Retry-After of a refused subscription creation: the quota frees only by a delete.
+SUBSCRIPTION_QUOTA_RETRY_S = 60
+
+
+async def lock_subscription_quota(tx: Tx, namespace_id: bytes) -> tuple[bytes, int] | None:
+    """Before creating a subscription in ``namespace_id``: when its application caps
+    subscriptions (``max_subscriptions``), lock the application's resources row (first in the
+    lock order, so concurrent creations count one after the other) and return (application
+    id, cap); None when unlimited. Pass the answer to :func:`check_subscription_quota`."""
+    ns = await namespace_store.namespace_get(tx, namespace_id)
+    if ns is None:
+        return None
+    row = await store.resources_get(tx, ns.application_id)
+    if row is None or row.max_subscriptions is None:
+        return None
+    row = await store.resources_get_for_update(tx, ns.application_id)
+    if row is None or row.max_subscriptions is None:
+        return None
+    return ns.application_id, row.max_subscriptions
+
+
+async def check_subscription_quota(tx: Tx, quota: tuple[bytes, int] | None) -> None:
+    """429 ``quota_exceeded`` when the application already has ``max_subscriptions``
+    subscriptions over all its namespaces (``quota`` from :func:`lock_subscription_quota`)."""
+    if quota is None:
+        return
+    app_id, cap = quota
+    if await subscription_store.subscription_count_of_application(tx, app_id, cap) >= cap:
+        raise QuotaExceeded(
+            f"application max_subscriptions ({cap}) reached: delete a subscription or raise "
+            "the quota",
+            retry_after=SUBSCRIPTION_QUOTA_RETRY_S,
+            scope="application",
+            quota="max_subscriptions",
+            limit=cap,
+        )
 
 
 async def put_resources(

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from orbit import audit
+from orbit import audit, resources
 from orbit.audit import Actor
 from orbit.errors import Conflict, Forbidden, InvalidRequest, NotFound, PreconditionFailed
 from orbit.events import RESULT_EVENT_TYPES, ResultEvent, append_event, last_result_seq
@@ -310,12 +310,19 @@ async def put_subscription(
             )
 
     async def run(tx: Tx) -> tuple[SubscriptionRow, bool, bool]:
+        # A creation counts against the application's max_subscriptions: its resources row
+        # is locked first (the lock order), so look before locking the subscription's row.
+        absent = await store.subscription_get_by_name(tx, namespace_id, name) is None
+        quota = await resources.lock_subscription_quota(tx, namespace_id) if absent else None
         row = await store.subscription_get_by_name(tx, namespace_id, name, for_update=True)
         if row is not None and not visible_to(row, allowed_queues):
             raise NotFound("subscription")
         check(None if row is None else row.revision)
         if row is None:
             check_filter_queues(spec, allowed_queues)
+            if not absent:  # deleted since the look: rare, so the lock comes late
+                quota = await resources.lock_subscription_quota(tx, namespace_id)
+            await resources.check_subscription_quota(tx, quota)
             return await _create(tx, spec, body), True, True
         if spec is not None:
             check_filter_queues(spec, allowed_queues)

@@ -92,6 +92,7 @@ class ResourcesRow(msgspec.Struct, frozen=True, kw_only=True):
     max_active_attempts: int | None
     max_reservations: int | None
     max_starts_per_second: int | None
+    max_subscriptions: int | None
     revision: int
     unfinished_tasks: int
     active_attempts: int
@@ -181,6 +182,7 @@ class ResourcesPut(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_active_attempts: Limit | msgspec.UnsetType | None = msgspec.UNSET
     max_reservations: Limit | msgspec.UnsetType | None = msgspec.UNSET
     max_starts_per_second: Limit | msgspec.UnsetType | None = msgspec.UNSET
+    max_subscriptions: Limit | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ApplicationOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -244,6 +246,7 @@ class ResourcesOut(msgspec.Struct, frozen=True, kw_only=True):
     max_active_attempts: int | None
     max_reservations: int | None
     max_starts_per_second: int | None
+    max_subscriptions: int | None
     revision: int
     usage: ResourcesUsage
     updated_at: str

@@ -37,7 +37,7 @@ CRED_COLUMNS = [
 ]
 RES_COLUMNS = [
     "application_id", "max_unfinished_tasks", "max_active_attempts", "max_reservations",
-    "max_starts_per_second", "revision", "usage",
+    "max_starts_per_second", "max_subscriptions", "revision", "usage",
 ]  # fmt: skip
 
 
@@ -197,6 +197,7 @@ _LIMITS = (
     "max_active_attempts",
     "max_reservations",
     "max_starts_per_second",
+    "max_subscriptions",
 )
 
 

@@ -13,14 +13,14 @@ VALUES
 
 -- name: resources_get
 SELECT application_id, max_unfinished_tasks, max_active_attempts, max_reservations,
-  max_starts_per_second, revision, unfinished_tasks, active_attempts, reservations,
+  max_starts_per_second, max_subscriptions, revision, unfinished_tasks, active_attempts, reservations,
   window_start, window_starts, created_at, updated_at
 FROM orbit_application_resources
 WHERE application_id = %(application_id)s
 
 -- name: resources_get_for_update
 SELECT application_id, max_unfinished_tasks, max_active_attempts, max_reservations,
-  max_starts_per_second, revision, unfinished_tasks, active_attempts, reservations,
+  max_starts_per_second, max_subscriptions, revision, unfinished_tasks, active_attempts, reservations,
   window_start, window_starts, created_at, updated_at
 FROM orbit_application_resources
 WHERE application_id = %(application_id)s
@@ -33,6 +33,7 @@ SET max_unfinished_tasks = %(max_unfinished_tasks)s,
   max_active_attempts = %(max_active_attempts)s,
   max_reservations = %(max_reservations)s,
   max_starts_per_second = %(max_starts_per_second)s,
+  max_subscriptions = %(max_subscriptions)s,
   revision = revision + 1,
   updated_at = COALESCE(%(now)s, UTC_TIMESTAMP(6))
 WHERE application_id = %(application_id)s AND revision = %(revision)s

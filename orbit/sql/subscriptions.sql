@@ -106,3 +106,12 @@ LIMIT %(limit)s
 -- Delete a subscription (its deliveries stay as history). 0 rows = the revision moved on.
 DELETE FROM orbit_subscriptions
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
+
+-- name: subscription_count_of_application
+-- The subscriptions of every namespace of one application, counted up to %(cap)s (the
+-- application's max_subscriptions quota, checked at creation): at most cap index entries.
+SELECT COUNT(*) AS n FROM (
+  SELECT 1 FROM orbit_subscriptions
+  WHERE namespace_id IN (SELECT id FROM orbit_namespaces WHERE application_id = %(application_id)s)
+  LIMIT %(cap)s
+) AS counted

@@ -40,6 +40,7 @@ async def resources_update_config_if_revision(
     max_active_attempts: int | None,
     max_reservations: int | None,
     max_starts_per_second: int | None,
+    max_subscriptions: int | None,
     now: datetime | None,
 ) -> bool:
     """Replace the quota config and bump revision. False: the revision moved on."""
@@ -50,6 +51,7 @@ async def resources_update_config_if_revision(
         "max_active_attempts": max_active_attempts,
         "max_reservations": max_reservations,
         "max_starts_per_second": max_starts_per_second,
+        "max_subscriptions": max_subscriptions,
         "now": now,
     }
     return await tx.execute(Q.resources_update_config_if_revision, args) == 1

@@ -162,3 +162,11 @@ async def subscription_list_page(
         Q.subscription_list_page, {"after_namespace_id": ns, "after_id": sid, "limit": limit}
     )
     return [msgspec.convert(r, SubscriptionKey) for r in rows]
+
+
+async def subscription_count_of_application(tx: Tx, application_id: bytes, cap: int) -> int:
+    """The application's subscriptions over all its namespaces, counted up to ``cap``."""
+    n = await tx.fetchval(
+        Q.subscription_count_of_application, {"application_id": application_id, "cap": cap}
+    )
+    return int(n or 0)
