@@ -10,8 +10,8 @@ Starlette's HTTPException (unknown route 404, 405). The handler also
   :mod:`orbit.http.auditing`): 403 denials, 409/412/422/429 conflicts;
 * on a WebSocket that was not accepted yet, answers the upgrade with the HTTP error itself
   (status and error body, through the ASGI denial-response extension, which uvicorn
-  supports); without the extension, or once accepted, closes it with code
-  ``4000 + status`` (e.g. 4401, 4403, 4404).
+  supports), logged once at info (:mod:`orbit.http.ws_refusal`); without the extension, or
+  once accepted, closes it with code ``4000 + status`` (e.g. 4401, 4403, 4404).
 
 ``Retry-After`` comes from the error itself (429 and 503 always carry it).
 """
@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketState
 
 from orbit.errors import Conflict, InvalidRequest, NotFound, NotReady, OrbitError
+from orbit.http.ws_refusal import refuse
 from orbit.metrics import count_conflict
 from orbit.storage import (
     CasConflict,
@@ -132,7 +133,7 @@ async def handle_orbit_error(conn: HTTPConnection, exc: Exception) -> Response |
         ):
             # Not accepted yet: answer the upgrade with the real HTTP error (ASGI denial
             # response). A close before accept reaches the client as a bare HTTP 403.
-            await conn.send_denial_response(error_response(exc, _request_id(conn)))
+            await refuse(conn, exc, error_response(exc, _request_id(conn)))
             return None
         if conn.application_state != WebSocketState.DISCONNECTED:
             await conn.close(code=4000 + exc.status, reason=exc.code)

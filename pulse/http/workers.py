@@ -47,6 +47,7 @@ from orbit.http.errors import (
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.http.tenancy import enter_application
+from orbit.http.ws_refusal import refuse
 from orbit.ids import parse_id
 from orbit.metrics import count_conflict
 from orbit.storage import StorageError
@@ -251,7 +252,7 @@ async def stream(ws: WebSocket) -> None:
     except Unauthenticated as exc:
         if "websocket.http.response" in ws.scope.get("extensions", {}):
             # A real 401 before the upgrade (ASGI WebSocket Denial Response extension).
-            await ws.send_denial_response(error_response(exc, request_id(ws)))
+            await refuse(ws, exc, error_response(exc, request_id(ws)))
             return
         raise  # closed with 4401 by the error handler
     queues = await sessions.resolve_queues(ctx.db, info.namespace_id, info.queues)
