@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
+from event_rows import raw_events
 from pulse_fixtures import force_state
 from pulse_worker_support import connect, open_session
 
@@ -33,11 +34,7 @@ async def _surface(db, t, *, after_s: float = 2.0) -> dict[str, Any]:
     got = await surface_queue(db, t.namespace_id, t.queue_id, BOUND_MS, now=now)
 
     async def events(tx: Tx) -> list[dict[str, Any]]:
-        return await tx.fetchall(
-            "SELECT subject_id, data FROM orbit_events WHERE namespace_id = %s"
-            " AND type = 'task.stuck'",
-            (t.namespace_id,),
-        )
+        return await raw_events(tx, t.namespace_id, type="task.stuck")
 
     causes = {r["subject_id"]: msgspec.json.decode(r["data"]) for r in await db.read(events)}
     return {s["id"].hex(): {"reason": s["reason"], **causes[s["id"]]} for s in got}
