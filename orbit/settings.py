@@ -28,6 +28,12 @@ class Settings:
     idempotency_cleanup_interval_s: float = 60.0
     #: Seconds between background refreshes of the database-computed gauges of /metrics.
     metrics_refresh_s: float = 10.0
+    #: Retention purge (docs/operations.md#retention-and-purge): rows per purge transaction,
+    #: batches per kind of history in one pass over a namespace, and seconds between passes
+    #: over a namespace that has caught up.
+    retention_purge_batch: int = 500
+    retention_purge_max_batches: int = 20
+    retention_purge_interval_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:

@@ -33,6 +33,7 @@ from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store import deliveries as delivery_store
 from orbit.store import delivery_ranges as range_store
+from orbit.store import retention as retention_store
 from orbit.store import subscriptions as store
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.times import format_time
@@ -261,11 +262,13 @@ def _limits(body: SubscriptionPut, current: SubscriptionRow | None) -> dict[str,
 
 
 async def _start_position(tx: Tx, namespace_id: bytes, start: Any) -> int:
-    if isinstance(start, StartAfterSeq):
-        return start.after_seq
-    if start == "earliest":
-        return 0
-    return await last_result_seq(tx, namespace_id)
+    """The start cursor, never before the result events the retention purge removed: the
+    namespace's retention row is locked so a purge batch runs wholly before or after."""
+    if start != "earliest" and not isinstance(start, StartAfterSeq):
+        return await last_result_seq(tx, namespace_id)
+    wanted = start.after_seq if isinstance(start, StartAfterSeq) else 0
+    kept = await retention_store.retention_get(tx, namespace_id, for_update=True)
+    return wanted if kept is None else max(wanted, kept.result_seq_purged)
 
 
 async def put_subscription(

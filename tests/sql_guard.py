@@ -45,6 +45,10 @@ ALLOW: dict[str, str] = {
     # Platform: retention cleanup deletes expired keys of every namespace, oldest first, in
     # bounded batches (orbit.idempotency.cleanup_once).
     "idempotency_delete_expired_batch": "idempotency retention cleanup over all namespaces",
+    # Platform: the retention purge claims the most overdue namespace of any (index
+    # ix_orbit_retention_due, SKIP LOCKED, LIMIT 1); its work is keyed by that namespace
+    # (orbit.retention_purge).
+    "retention_claim_due": "retention purge claim of one due namespace",
     # Pulse recovery: find expired leases / sessions / deadlines on every namespace, oldest
     # first, bounded; each found row is then changed by its (namespace_id, id) key.
     "attempt_list_expired": "recovery of attempts whose lease expired (pulse.recovery)",

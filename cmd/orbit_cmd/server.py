@@ -51,6 +51,7 @@ from orbit import logs, migrate
 from orbit.context import AppContext
 from orbit.http.app import build_app
 from orbit.idempotency_cleanup import IdempotencyCleanup
+from orbit.retention_purge import Holder, Part, RetentionPurge
 from orbit.settings import Settings
 from orbit.storage import DSN, Database
 from orbit.storage.drivers import load_driver
@@ -189,6 +190,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "orbit.http.subscriptions",  # subscriptions and deliveries (platform)
     "orbit.http.subscription_delete",  # subscription delete (platform)
     "orbit.http.audit",  # the audit list (platform)
+    "orbit.http.retention",  # retention settings (platform)
     "pulse.http",  # queues, tasks, workers, schedules
     "weave.http",  # workflows
     "orbit.http.ui",  # web console at /ui
@@ -220,6 +222,7 @@ def extra_routes(ctx: AppContext) -> list[BaseRoute]:
 def background_loops(ctx: AppContext) -> list[Loop]:
     """Every background loop of this node: the platform's, then LOOP_MODULES'."""
     loops: list[Loop] = [IdempotencyCleanup(ctx).run, _metrics_refresh(ctx)]
+    loops.append(retention_purge(ctx).run)
     delivery = _optional("orbit.delivery_loop")
     if delivery is not None and hasattr(delivery, "DeliveryLoop"):
         loop = delivery.DeliveryLoop(ctx.db, hub=delivery.deliveries_hub(ctx), metrics=ctx.metrics)
@@ -229,6 +232,23 @@ def background_loops(ctx: AppContext) -> list[Loop]:
         if mod is not None and hasattr(mod, "background_loops"):
             loops.extend(mod.background_loops(ctx))
     return loops
+
+
+def retention_purge(ctx: AppContext) -> RetentionPurge:
+    """The retention purge with the parts and holders of the packages present: Pulse purges
+    finished tasks and holds events of unfinished ones; Weave keeps the tasks and events of
+    running instances."""
+    parts: list[Part] = []
+    holders: list[Holder] = []
+    tasks = _optional("pulse.task_purge")
+    flows = _optional("weave.retention")
+    if tasks is not None:
+        keep = flows.running_instance_tasks if flows is not None else None
+        parts.append(tasks.TaskPurge(keep))
+        holders.append(tasks.oldest_unfinished_task)
+    if flows is not None:
+        holders.append(flows.oldest_running_instance)
+    return RetentionPurge(ctx, parts=parts, holders=holders)
 
 
 # =============================================================================================

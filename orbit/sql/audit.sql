@@ -66,3 +66,14 @@ WHERE e.namespace_id = %(namespace_id)s AND e.outcome = %(outcome)s
   AND e.created_at <= %(before_t)s AND (e.created_at < %(before_t)s OR e.id < %(before_id)s)
 ORDER BY e.created_at DESC, e.id DESC
 LIMIT %(limit)s
+
+-- name: audit_purge
+-- Retention purge (orbit/retention_purge.py, with @orbit_retention_purge set): the oldest
+-- audit events before the cutoff, on ix_orbit_audit_events_created, bounded.
+DELETE FROM orbit_audit_events
+WHERE namespace_id = %(namespace_id)s AND created_at < %(cutoff)s
+ORDER BY created_at
+LIMIT %(limit)s
+
+-- name: audit_oldest
+SELECT MIN(created_at) FROM orbit_audit_events WHERE namespace_id = %(namespace_id)s

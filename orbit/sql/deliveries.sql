@@ -202,3 +202,20 @@ SELECT s.namespace_id, s.id, s.name, s.filter, s.start_spec, s.after_seq, s.ack_
 FROM orbit_subscriptions s
 LEFT JOIN orbit_event_streams e ON e.namespace_id = s.namespace_id
 WHERE ((s.namespace_id = %s AND s.id IN (/*ids*/)))
+
+-- name: delivery_min_open_seq
+-- Retention: the oldest delivery of a subscription still in flight (PENDING or LEASED), on
+-- ix_orbit_deliveries_state_seq; its result event and everything after it is kept.
+SELECT MIN(seq) FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state IN ('PENDING', 'LEASED')
+
+-- name: delivery_subscription_ids
+-- Retention: the subscriptions (existing or deleted) that have delivery rows.
+SELECT DISTINCT subscription_id FROM orbit_deliveries WHERE namespace_id = %(namespace_id)s
+
+-- name: delivery_purge_upto
+-- Retention: the delivery rows of purged result events (seq up to the purged mark).
+DELETE FROM orbit_deliveries
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND seq <= %(upto_seq)s

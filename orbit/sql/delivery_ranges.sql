@@ -98,3 +98,19 @@ SELECT COALESCE(SUM(IF(state = 'LEASED', open_n, 0)), 0) AS open_n,
   COALESCE(SUM(acked_n), 0) AS acked_n
 FROM orbit_delivery_ranges
 WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+
+-- name: range_min_open_seq
+-- Retention: the oldest hand-out of a subscription with a slot still leased.
+SELECT MIN(seq_lo) FROM orbit_delivery_ranges
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND state = 'LEASED'
+
+-- name: range_subscription_ids
+SELECT DISTINCT subscription_id FROM orbit_delivery_ranges WHERE namespace_id = %(namespace_id)s
+
+-- name: range_purge_upto
+-- Retention: hand-outs whose every result event is purged (none leased: their seqs are at
+-- or below the purge bound, which stops before any open slot).
+DELETE FROM orbit_delivery_ranges
+WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+  AND seq_hi <= %(upto_seq)s AND state <> 'LEASED'

@@ -127,3 +127,34 @@ SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state,
 FROM orbit_result_events
 WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 ORDER BY seq
+
+-- name: event_batch_purge
+-- Retention purge (orbit/retention_purge.py, with @orbit_retention_purge set): the oldest
+-- batch rows before the cutoff, on ix_orbit_event_batches_created, bounded.
+DELETE FROM orbit_event_batches
+WHERE namespace_id = %(namespace_id)s AND created_at < %(cutoff)s
+ORDER BY created_at
+LIMIT %(limit)s
+
+-- name: event_batch_oldest
+SELECT MIN(created_at) FROM orbit_event_batches WHERE namespace_id = %(namespace_id)s
+
+-- name: event_legacy_purge
+-- Retention purge of the rows written before event batches existed (ix_orbit_events_created).
+DELETE FROM orbit_events
+WHERE namespace_id = %(namespace_id)s AND created_at < %(cutoff)s
+ORDER BY created_at
+LIMIT %(limit)s
+
+-- name: result_event_purge_scan
+-- The next result events the purge may remove: after the purged mark, up to the bound no
+-- subscription still needs, in sequence order (primary key range).
+SELECT seq, created_at
+FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq > %(after_seq)s AND seq <= %(upto_seq)s
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: result_event_purge_range
+DELETE FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq > %(after_seq)s AND seq <= %(upto_seq)s

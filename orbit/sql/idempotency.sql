@@ -10,13 +10,18 @@ WHERE namespace_id = %(namespace_id)s AND operation = %(operation)s AND scope = 
 -- name: idempotency_insert
 -- A concurrent insert of the same key blocks here on the unique index until the first
 -- transaction ends: then 1062 (it committed: re-read and replay) or success (it rolled back).
+-- The window is the namespace's idempotency_hours when its retention settings name one
+-- (orbit_retention, one primary-key read in the same statement), else retention_us.
 INSERT INTO orbit_idempotency_keys
   (namespace_id, id, operation, scope, idem_key, request_digest, response_status,
    response_body, created_at, expires_at)
 VALUES
   (%(namespace_id)s, %(id)s, %(operation)s, %(scope)s, %(idem_key)s, %(request_digest)s,
    NULL, NULL, COALESCE(%(now)s, UTC_TIMESTAMP(6)),
-   COALESCE(%(now)s, UTC_TIMESTAMP(6)) + INTERVAL %(retention_us)s MICROSECOND)
+   COALESCE(%(now)s, UTC_TIMESTAMP(6)) + INTERVAL COALESCE(
+     (SELECT r.idempotency_hours * 3600000000 FROM orbit_retention r
+      WHERE r.namespace_id = %(namespace_id)s),
+     %(retention_us)s) MICROSECOND)
 
 -- name: idempotency_delete_if_expired
 DELETE FROM orbit_idempotency_keys

@@ -115,3 +115,7 @@ SELECT COUNT(*) AS n FROM (
   WHERE namespace_id IN (SELECT id FROM orbit_namespaces WHERE application_id = %(application_id)s)
   LIMIT %(cap)s
 ) AS counted
+
+-- name: subscription_cursors
+-- Retention: every subscription's hand-out cursor (result events after it are kept).
+SELECT id, after_seq FROM orbit_subscriptions WHERE namespace_id = %(namespace_id)s

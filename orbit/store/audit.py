@@ -46,3 +46,15 @@ async def audit_page(
         "until": until, "before_t": before_t, "before_id": before_id, "limit": limit,
     }  # fmt: skip
     return await tx.fetchall(sql, args)
+
+
+async def audit_purge(tx: Tx, namespace_id: bytes, cutoff: datetime, limit: int) -> int:
+    """Retention: delete up to ``limit`` of the oldest events before ``cutoff`` (the caller
+    set the purge session flag)."""
+    args = {"namespace_id": namespace_id, "cutoff": cutoff, "limit": limit}
+    return await tx.execute(Q.audit_purge, args)
+
+
+async def audit_oldest(tx: Tx, namespace_id: bytes) -> datetime | None:
+    value: datetime | None = await tx.fetchval(Q.audit_oldest, {"namespace_id": namespace_id})
+    return value

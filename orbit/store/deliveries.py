@@ -335,3 +335,27 @@ async def delivery_event_list_by_seq(
         return []
     args = {"namespace_id": namespace_id, "seqs": tuple(seqs)}
     return await tx.fetchall(Q.delivery_event_list_by_seq, args)
+
+
+# ---- retention purge (orbit.retention_purge) ----------------------------------------------
+
+
+async def delivery_min_open_seq(tx: Tx, namespace_id: bytes, subscription_id: bytes) -> int | None:
+    """Seq of the subscription's oldest PENDING or LEASED delivery row, None when none."""
+    args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
+    value = await tx.fetchval(Q.delivery_min_open_seq, args)
+    return None if value is None else int(value)
+
+
+async def delivery_subscription_ids(tx: Tx, namespace_id: bytes) -> list[bytes]:
+    rows = await tx.fetchall(Q.delivery_subscription_ids, {"namespace_id": namespace_id})
+    return [bytes(r["subscription_id"]) for r in rows]
+
+
+async def delivery_purge_upto(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes, upto_seq: int
+) -> int:
+    """Delete the subscription's delivery rows of result events up to ``upto_seq``."""
+    args = {"namespace_id": namespace_id, "subscription_id": subscription_id,
+            "upto_seq": upto_seq}  # fmt: skip
+    return await tx.execute(Q.delivery_purge_upto, args)

@@ -141,3 +141,27 @@ async def range_counts(tx: Tx, namespace_id: bytes, subscription_id: bytes) -> t
     args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
     row = await tx.fetchone(Q.range_counts, args)
     return (int(row["open_n"]), int(row["acked_n"])) if row else (0, 0)
+
+
+# ---- retention purge (orbit.retention_purge) ----------------------------------------------
+
+
+async def range_min_open_seq(tx: Tx, namespace_id: bytes, subscription_id: bytes) -> int | None:
+    """Smallest seq of the subscription's hand-outs with a slot still leased, None when none."""
+    args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
+    value = await tx.fetchval(Q.range_min_open_seq, args)
+    return None if value is None else int(value)
+
+
+async def range_subscription_ids(tx: Tx, namespace_id: bytes) -> list[bytes]:
+    rows = await tx.fetchall(Q.range_subscription_ids, {"namespace_id": namespace_id})
+    return [bytes(r["subscription_id"]) for r in rows]
+
+
+async def range_purge_upto(
+    tx: Tx, namespace_id: bytes, subscription_id: bytes, upto_seq: int
+) -> int:
+    """Delete the subscription's finished hand-outs whose every seq is up to ``upto_seq``."""
+    args = {"namespace_id": namespace_id, "subscription_id": subscription_id,
+            "upto_seq": upto_seq}  # fmt: skip
+    return await tx.execute(Q.range_purge_upto, args)

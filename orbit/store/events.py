@@ -186,3 +186,39 @@ async def event_list_for_subject_window(
         {"namespace_id": namespace_id, "subject_kind": subject_kind, "subject_id": subject_id,
          "since": since, "until": until, "limit": limit},
     )  # fmt: skip
+
+
+# ---- retention purge (orbit.retention_purge; the caller set the purge session flag) -----
+
+
+async def event_batch_purge(tx: Tx, namespace_id: bytes, cutoff: datetime, limit: int) -> int:
+    """Delete up to ``limit`` of the oldest batch rows created before ``cutoff``."""
+    args = {"namespace_id": namespace_id, "cutoff": cutoff, "limit": limit}
+    return await tx.execute(Q.event_batch_purge, args)
+
+
+async def event_batch_oldest(tx: Tx, namespace_id: bytes) -> datetime | None:
+    value: datetime | None = await tx.fetchval(Q.event_batch_oldest, {"namespace_id": namespace_id})
+    return value
+
+
+async def event_legacy_purge(tx: Tx, namespace_id: bytes, cutoff: datetime, limit: int) -> int:
+    """Delete up to ``limit`` of the oldest ``orbit_events`` rows created before ``cutoff``."""
+    args = {"namespace_id": namespace_id, "cutoff": cutoff, "limit": limit}
+    return await tx.execute(Q.event_legacy_purge, args)
+
+
+async def result_event_purge_scan(
+    tx: Tx, namespace_id: bytes, after_seq: int, upto_seq: int, limit: int
+) -> list[dict[str, Any]]:
+    """(seq, created_at) of the next result events in ``(after_seq, upto_seq]``."""
+    args = {"namespace_id": namespace_id, "after_seq": after_seq, "upto_seq": upto_seq,
+            "limit": limit}  # fmt: skip
+    return await tx.fetchall(Q.result_event_purge_scan, args)
+
+
+async def result_event_purge_range(
+    tx: Tx, namespace_id: bytes, after_seq: int, upto_seq: int
+) -> int:
+    args = {"namespace_id": namespace_id, "after_seq": after_seq, "upto_seq": upto_seq}
+    return await tx.execute(Q.result_event_purge_range, args)

@@ -170,3 +170,9 @@ async def subscription_count_of_application(tx: Tx, application_id: bytes, cap: 
         Q.subscription_count_of_application, {"application_id": application_id, "cap": cap}
     )
     return int(n or 0)
+
+
+async def subscription_cursors(tx: Tx, namespace_id: bytes) -> list[tuple[bytes, int]]:
+    """(id, after_seq) of every subscription of the namespace (retention purge bound)."""
+    rows = await tx.fetchall(Q.subscription_cursors, {"namespace_id": namespace_id})
+    return [(bytes(r["id"]), int(r["after_seq"])) for r in rows]

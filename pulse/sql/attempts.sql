@@ -455,3 +455,22 @@ FROM pulse_attempts a
 JOIN pulse_tasks t ON t.namespace_id = a.namespace_id AND t.id = a.task_id
 JOIN pulse_queues q ON q.namespace_id = t.namespace_id AND q.id = t.queue_id
 WHERE /*keys a.namespace_id a.id*/
+
+-- name: attempt_tasks_in_flight
+-- Retention purge: which of these tasks still have an attempt offered or running.
+SELECT DISTINCT task_id FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND task_id IN %(ids)s AND state IN ('OFFERED', 'RUNNING')
+
+-- name: attempt_purge_for_tasks
+-- Retention purge: every attempt (with its receipt columns) of purged tasks.
+DELETE FROM pulse_attempts WHERE namespace_id = %(namespace_id)s AND task_id IN %(ids)s
+
+-- name: evidence_tasks_since
+-- Retention purge: which of these tasks have evidence recorded at or after the cutoff (a
+-- late report after the finish): those tasks wait until their evidence is old enough too.
+SELECT DISTINCT task_id FROM pulse_attempt_evidence
+WHERE namespace_id = %(namespace_id)s AND task_id IN %(ids)s AND created_at >= %(cutoff)s
+
+-- name: evidence_purge_for_tasks
+-- Retention purge (with @orbit_retention_purge set; the delete trigger checks the age).
+DELETE FROM pulse_attempt_evidence WHERE namespace_id = %(namespace_id)s AND task_id IN %(ids)s

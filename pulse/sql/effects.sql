@@ -32,3 +32,7 @@ SELECT namespace_id, id, task_id, effect_key, key_digest, state, attempt_id, gen
 FROM pulse_effects
 WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 ORDER BY begun_at, id
+
+-- name: effect_purge_for_tasks
+-- Retention purge: the side-effect ledger of purged tasks.
+DELETE FROM pulse_effects WHERE namespace_id = %(namespace_id)s AND task_id IN %(ids)s

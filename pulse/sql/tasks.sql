@@ -256,3 +256,27 @@ VALUES
 
 -- name: clock_now
 SELECT COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS now
+
+-- name: task_purge_candidates
+-- Retention purge (pulse/task_purge.py): finished tasks of one state whose state changed
+-- before the cutoff, oldest first after the pass's cursor, on ix_pulse_tasks_state_age;
+-- SKIP LOCKED so a re-run or another purge holding a row is simply passed over.
+SELECT id, source_kind, state_changed_at
+FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND state = %(state)s
+  AND state_changed_at >= %(after_t)s AND state_changed_at < %(cutoff)s
+  AND (state_changed_at > %(after_t)s OR id > %(after_id)s)
+ORDER BY state_changed_at, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: task_purge_many
+-- Retention purge: the tasks chosen (still finished: the rows are locked).
+DELETE FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+  AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+
+-- name: task_oldest_unfinished
+-- Retention: the oldest unfinished task of the namespace (its events are kept).
+SELECT MIN(created_at) FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND state IN ('WAITING', 'LEASED', 'RUNNING', 'NEEDS_REVIEW')

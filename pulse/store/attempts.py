@@ -407,3 +407,41 @@ def tasks_lease_statement(
     )  # fmt: skip
     return sql, [*current_args, *holder_args, lease_expires_at, now, namespace_id, *ids,
                  *guard_args]  # fmt: skip
+
+
+# ---- retention purge (pulse.task_purge) --------------------------------------------------
+
+
+async def _task_ids(tx: Tx, sql: str, namespace_id: bytes, ids: Sequence[bytes],
+                    **extra: Any) -> set[bytes]:  # fmt: skip
+    if not ids:
+        return set()
+    rows = await tx.fetchall(sql, {"namespace_id": namespace_id, "ids": tuple(ids), **extra})
+    return {bytes(r["task_id"]) for r in rows}
+
+
+async def attempt_tasks_in_flight(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> set[bytes]:
+    """Those of ``ids`` with an attempt still OFFERED or RUNNING."""
+    return await _task_ids(tx, Q.attempt_tasks_in_flight, namespace_id, ids)
+
+
+async def evidence_tasks_since(
+    tx: Tx, namespace_id: bytes, ids: Sequence[bytes], cutoff: datetime
+) -> set[bytes]:
+    """Those of ``ids`` with evidence recorded at or after ``cutoff``."""
+    return await _task_ids(tx, Q.evidence_tasks_since, namespace_id, ids, cutoff=cutoff)
+
+
+async def attempt_purge_for_tasks(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> int:
+    if not ids:
+        return 0
+    args = {"namespace_id": namespace_id, "ids": tuple(ids)}
+    return await tx.execute(Q.attempt_purge_for_tasks, args)
+
+
+async def evidence_purge_for_tasks(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> int:
+    """Delete the evidence of ``ids`` (the caller set the purge session flag)."""
+    if not ids:
+        return 0
+    args = {"namespace_id": namespace_id, "ids": tuple(ids)}
+    return await tx.execute(Q.evidence_purge_for_tasks, args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from orbit.storage import Tx, load_queries
@@ -33,3 +34,11 @@ async def effect_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> l
     return await tx.fetchall(
         Q.effect_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
     )
+
+
+async def effect_purge_for_tasks(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> int:
+    """Retention purge: delete the effect records of ``ids``."""
+    if not ids:
+        return 0
+    args = {"namespace_id": namespace_id, "ids": tuple(ids)}
+    return await tx.execute(Q.effect_purge_for_tasks, args)

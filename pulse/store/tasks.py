@@ -293,3 +293,30 @@ async def evidence_insert(tx: Tx, row: Row) -> None:
     """Insert one evidence row (keys: namespace_id, id, attempt_id, task_id, kind, result,
     data, now)."""
     await tx.execute(Q.evidence_insert, row)
+
+
+# ---- retention purge (pulse.task_purge) --------------------------------------------------
+
+
+async def task_purge_candidates(
+    tx: Tx, namespace_id: bytes, state: str, cutoff: datetime, after_t: datetime,
+    after_id: bytes, limit: int,
+) -> list[Row]:  # fmt: skip
+    """Lock (SKIP LOCKED) up to ``limit`` tasks in ``state`` changed before ``cutoff``,
+    after the position ``(after_t, after_id)``: id, source_kind, state_changed_at."""
+    args = {"namespace_id": namespace_id, "state": state, "cutoff": cutoff,
+            "after_t": after_t, "after_id": after_id, "limit": limit}  # fmt: skip
+    return await tx.fetchall(Q.task_purge_candidates, args)
+
+
+async def task_purge_many(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> int:
+    if not ids:
+        return 0
+    return await tx.execute(Q.task_purge_many, {"namespace_id": namespace_id, "ids": tuple(ids)})
+
+
+async def task_oldest_unfinished(tx: Tx, namespace_id: bytes) -> datetime | None:
+    value: datetime | None = await tx.fetchval(
+        Q.task_oldest_unfinished, {"namespace_id": namespace_id}
+    )
+    return value

@@ -37,3 +37,11 @@ WHERE namespace_id = %(namespace_id)s AND instance_id = %(instance_id)s
   AND seq > %(after_seq)s
 ORDER BY seq
 LIMIT %(limit)s
+
+-- name: activation_tasks_of_running
+-- Retention purge: which of these tasks belong to a workflow instance still RUNNING (the
+-- instance may still read them); uq_weave_activations_task, then the instance by key.
+SELECT a.task_id
+FROM weave_activations a
+JOIN weave_instances i ON i.namespace_id = a.namespace_id AND i.id = a.instance_id
+WHERE a.namespace_id = %(namespace_id)s AND a.task_id IN %(ids)s AND i.state = 'RUNNING'

@@ -56,3 +56,8 @@ WHERE namespace_id = %(namespace_id)s
   AND (created_at < %(before_at)s OR (created_at = %(before_at)s AND id < %(before_id)s))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
+
+-- name: instance_oldest_running
+-- Retention: the start of the namespace's oldest running instance (its events are kept).
+SELECT MIN(created_at) FROM weave_instances
+WHERE namespace_id = %(namespace_id)s AND state = 'RUNNING'

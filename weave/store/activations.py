@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from orbit.storage import Tx
@@ -93,3 +94,14 @@ async def activation_list_page(
         },
     )
     return many(rows, ActivationRow)
+
+
+async def activation_tasks_of_running(
+    tx: Tx, namespace_id: bytes, task_ids: Sequence[bytes]
+) -> set[bytes]:
+    """Retention purge: those of ``task_ids`` whose instance is still RUNNING."""
+    if not task_ids:
+        return set()
+    args = {"namespace_id": namespace_id, "ids": tuple(task_ids)}
+    rows = await tx.fetchall(Q.activation_tasks_of_running, args)
+    return {bytes(r["task_id"]) for r in rows}

@@ -117,3 +117,11 @@ async def instance_list(
         },
     )
     return many(rows, InstanceRow)
+
+
+async def instance_oldest_running(tx: Tx, namespace_id: bytes) -> datetime | None:
+    """Retention: the creation time of the oldest RUNNING instance, None when none."""
+    value: datetime | None = await tx.fetchval(
+        Q.instance_oldest_running, {"namespace_id": namespace_id}
+    )
+    return value
