@@ -15,7 +15,7 @@ instance); raw and result events younger than that are kept whatever the window.
 
 Every delete runs with the session flag ``@orbit_retention_purge`` set (and cleared before
 the transaction ends); the history tables' delete triggers refuse deletes without it and
-deletes of rows younger than the namespace's window (migrations/0014, docs/security.md).
+deletes of rows younger than the namespace's window (migrations/0015, docs/security.md).
 """
 
 from __future__ import annotations

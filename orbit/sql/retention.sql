@@ -1,5 +1,5 @@
 -- Retention settings and purge progress (orbit_retention), and the session flag that lets
--- the history tables' delete triggers accept the purge's deletes (migrations/0014).
+-- the history tables' delete triggers accept the purge's deletes (migrations/0015).
 
 -- name: retention_get
 SELECT namespace_id, finished_tasks_days, events_days, audit_days, idempotency_hours,
