@@ -8,8 +8,10 @@ OrbitError (500 internal)
  ├── Conflict              409 conflict               (state or CAS; ``kind`` for metrics)
  │    ├── StaleToken       409 stale_token
  │    └── IdempotencyInProgress 409 idempotency_in_progress
+ ├── RequestTimeout        408 request_timeout        (the body did not arrive in time)
  ├── PreconditionFailed    412 precondition_failed    (If-Match / If-None-Match)
  ├── PayloadTooLarge       413 payload_too_large
+ ├── UnsupportedMediaType  415 unsupported_media_type (a body that is not JSON)
  ├── IdempotencyMismatch   422 idempotency_mismatch
  ├── QuotaExceeded         429 quota_exceeded         (``retry_after`` seconds)
  ├── RateLimited           429 rate_limited           (``retry_after`` seconds)
@@ -100,9 +102,22 @@ class PreconditionFailed(OrbitError):
     status = 412
 
 
+class RequestTimeout(OrbitError):
+    code = "request_timeout"
+    status = 408
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}  # the rest of the body is never read
+
+
 class PayloadTooLarge(OrbitError):
     code = "payload_too_large"
     status = 413
+
+
+class UnsupportedMediaType(OrbitError):
+    code = "unsupported_media_type"
+    status = 415
 
 
 class IdempotencyMismatch(OrbitError):

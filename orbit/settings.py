@@ -15,6 +15,9 @@ class Settings:
     #: Largest accepted request body in bytes (default 1 MiB, docs/api/conventions.md#limits);
     #: larger → 413.
     max_body_bytes: int = MiB
+    #: Seconds a request body may take to arrive, from the start of the request; slower →
+    #: 408 and the connection is closed (a body trickled byte by byte holds no socket).
+    body_timeout_s: float = 30.0
     #: Most bytes of stored JSON one list page carries (docs/api/conventions.md#lists); a page
     #: that reaches it ends early with a ``next_cursor``.
     max_page_bytes: int = 4 * MiB

@@ -71,10 +71,14 @@ class SubscriptionFilter(
     owner_id: str | None = None
 
 
+#: Largest sequence number a request may name (the signed 64-bit range; stored unsigned).
+MAX_SEQ = 2**63 - 1
+
+
 class StartAfterSeq(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``{"after_seq": n}``: deliver events with ``seq > n``."""
 
-    after_seq: Annotated[int, msgspec.Meta(ge=0)]
+    after_seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
 
 
 StartSpec = Literal["earliest", "latest"] | StartAfterSeq

@@ -38,4 +38,7 @@ def parse_time(text: str) -> datetime:
     value = datetime.fromisoformat(raw)
     if value.tzinfo is None:
         raise ValueError("a time zone offset is required (use Z for UTC)")
-    return value.astimezone(UTC).replace(tzinfo=None)
+    try:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    except OverflowError:  # the offset moves it past year 1 or 9999
+        raise ValueError("the time is out of range") from None

@@ -15,8 +15,11 @@ from orbit.errors import InvalidRequest
 #: operations in ``orbit_idempotency_keys`` and ``orbit_audit_events``).
 ZERO_ID = bytes(16)
 
-#: Names (docs/api/conventions.md#names): 1–63 letters, digits, ``_``, ``-``, ``.``; case-sensitive.
-NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,63}")
+#: Names (docs/api/conventions.md#names): 1–63 letters, digits, ``_``, ``-``, ``.``; case-sensitive;
+#: ``.`` and ``..`` are not names (they break paths). Use with ``fullmatch``.
+NAME_RE = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.\-]{1,63}")
+#: The same rule as a msgspec pattern.
+NAME_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9_.\-]{1,63}$"
 
 
 class Action(StrEnum):
@@ -53,7 +56,9 @@ def check_name(value: str, field: str) -> str:
     """Return ``value`` or raise 400 naming ``field``."""
     if not is_name(value):
         raise InvalidRequest(
-            "names are 1-63 characters of letters, digits, '_', '-' and '.'", field=field
+            "names are 1-63 characters of letters, digits, '_', '-' and '.', other than '.' "
+            "and '..'",
+            field=field,
         )
     return value
 
@@ -142,7 +147,7 @@ class AuthRow(msgspec.Struct, frozen=True, kw_only=True):
 # Wire types of the admin API (request bodies reject unknown fields; see docs/api/admin.md).
 # ---------------------------------------------------------------------------------------------
 
-Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.\-]{1,63}$", min_length=1, max_length=63)]
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, min_length=1, max_length=63)]
 Limit = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 
 

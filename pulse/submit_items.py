@@ -120,6 +120,10 @@ class _Prepared:
         return (self.body.kind, self.body.pipeline_version, self.body.dedup_key)
 
 
+#: The earliest ``available_at`` a submit may give.
+EARLIEST_AVAILABLE_AT = datetime(1970, 1, 1)
+
+
 def _no_trailing_space(value: str | None, name: str) -> None:
     # utf8mb4_bin is a PAD SPACE collation: "a" and "a " would be the same identity.
     if value is not None and value.endswith(" "):
@@ -142,6 +146,12 @@ def prepare(index: int, body: TaskSubmit, texts: dict[bytes, str] | None = None)
     if body.available_at is not None and body.delay_ms is not None:
         raise InvalidRequest("give delay_ms or available_at, not both", field="available_at")
     available_at = _time(body.available_at, "available_at")
+    if available_at is not None and available_at < EARLIEST_AVAILABLE_AT:
+        # A time that far back means "now" anyway, and the dispatch order (available_at
+        # minus 30 s per priority step) would leave the range of times.
+        raise InvalidRequest(
+            "available_at must not be before 1970-01-01T00:00:00Z", field="available_at"
+        )
     deadline_at = _time(body.deadline_at, "deadline_at")
     key_digest = (
         hashlib.sha256(body.concurrency_key.encode("utf-8")).digest()

@@ -13,7 +13,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,63}$"
+from orbit.types import NAME_PATTERN
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 UInt32 = Annotated[int, Meta(ge=0, le=4_294_967_295)]

@@ -125,8 +125,14 @@ def decode_optional(
     return decode(body, type_, max_depth=max_depth)
 
 
-def query_int(request: Request, name: str, default: int, *, minimum: int = 0) -> int:
-    """An integer query parameter, else 400 naming it."""
+#: Largest integer a query parameter may hold (the signed 64-bit range of the database).
+MAX_QUERY_INT = 2**63 - 1
+
+
+def query_int(
+    request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = MAX_QUERY_INT
+) -> int:
+    """An integer query parameter from ``minimum`` to ``maximum``, else 400 naming it."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
@@ -136,6 +142,8 @@ def query_int(request: Request, name: str, default: int, *, minimum: int = 0) ->
         raise InvalidRequest(f"{name} must be an integer", field=name) from None
     if value < minimum:
         raise InvalidRequest(f"{name} must be >= {minimum}", field=name)
+    if value > maximum:
+        raise InvalidRequest(f"{name} must be <= {maximum}", field=name)
     return value
 
 

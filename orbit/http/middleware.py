@@ -6,6 +6,12 @@
 * Body limit: ``Content-Length`` above ``settings.max_body_bytes`` answers 413 before the body
   is read; a chunked body is counted while received and raises PayloadTooLarge (413) when it
   passes the limit.
+* Body type: a body sent with a ``Content-Type`` that is not JSON (``application/json`` or
+  ``application/*+json``, any parameters) answers 415 before it is read; no Content-Type is
+  taken as JSON.
+* Body deadline: the whole body must arrive within ``settings.body_timeout_s`` of the start
+  of the request, else RequestTimeout (408) and the connection closes. A client that goes
+  away mid-body is logged at info level and counted with status 499, not as an error.
 * Metrics: ``orbit_http_requests_total{route,method,status}`` and
   ``orbit_http_request_duration_seconds{route}``, labelled by the route *template* (bounded
   cardinality); unmatched paths are labelled ``<unmatched>``.
@@ -14,15 +20,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit.context import AppContext
-from orbit.errors import PayloadTooLarge
+from orbit.errors import PayloadTooLarge, RequestTimeout
 from orbit.http.errors import error_bytes
 from orbit.http.tenancy import enter_provisional
 from orbit.ids import id_hex, new_id
@@ -37,6 +45,25 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if k == name:
             return v.decode("latin-1")  # type: ignore[no-any-return]
     return None
+
+
+#: The status a request is counted with when its client went away before the answer.
+CLIENT_CLOSED = 499
+
+
+def is_json_type(content_type: str) -> bool:
+    """``application/json`` or ``application/<anything>+json``, with any parameters."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _has_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    if length is not None:
+        return length.strip() not in ("", "0")
+    return _header(scope, b"transfer-encoding") is not None
 
 
 def route_label(scope: Scope) -> str:
@@ -90,14 +117,26 @@ class RequestContextMiddleware:
             await send(message)
 
         received = 0
+        body_done = False
+        body_deadline = started + self.ctx.settings.body_timeout_s
 
         async def receive_wrapper() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body: waits for a disconnect, no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout(max(0.0, body_deadline - time.perf_counter())):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeout(
+                    "the request body did not arrive in time",
+                    timeout_s=self.ctx.settings.body_timeout_s,
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise PayloadTooLarge(f"request body exceeds {limit} bytes", max_bytes=limit)
+                body_done = not message.get("more_body", False)
             return message
 
         try:
@@ -108,7 +147,19 @@ class RequestContextMiddleware:
                     error_bytes("payload_too_large", f"request body exceeds {limit} bytes", {"max_bytes": limit}),
                 )  # fmt: skip
                 return
+            content_type = _header(scope, b"content-type")
+            if content_type is not None and not is_json_type(content_type) and _has_body(scope):
+                await _send_json(
+                    send_wrapper, 415,
+                    error_bytes("unsupported_media_type", "request bodies are JSON: send Content-Type: application/json", {"content_type": content_type[:100]}),
+                )  # fmt: skip
+                return
             await self.app(scope, receive_wrapper, send_wrapper)
+        except ClientDisconnect:
+            log.info("client went away before its request %s %s was read (request id %s)",
+                     scope.get("method"), scope.get("path"), rid)  # fmt: skip
+            if not response_started:
+                status = CLIENT_CLOSED
         except Exception:
             log.exception("unhandled error in request %s %s (request id %s)",
                           scope.get("method"), scope.get("path"), rid)  # fmt: skip

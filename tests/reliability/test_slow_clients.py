@@ -45,13 +45,15 @@ pytestmark = pytest.mark.process
 
 HEADER_TIMEOUT_S = 3
 SEND_TIMEOUT_S = 2
+BODY_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
 def slow_server(dsn: DSN, log_dir: Path) -> Iterator[OrbitServer]:
     s = OrbitServer(dsn, log_dir, extra_args=["--header-timeout", str(HEADER_TIMEOUT_S)],
                     env={"ORBIT_PULSE_OFFER_LEASE_MS": "3000",
-                         "ORBIT_PULSE_SEND_TIMEOUT_MS": str(SEND_TIMEOUT_S * 1000)})  # fmt: skip
+                         "ORBIT_PULSE_SEND_TIMEOUT_MS": str(SEND_TIMEOUT_S * 1000),
+                         "ORBIT_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)})  # fmt: skip
     s.start()
     try:
         yield s
@@ -132,6 +134,46 @@ def test_a_complete_but_slow_request_head_is_within_the_deadline(head_server: Or
         for _ in range(3):
             assert c.get("/healthz").status_code == 200
             time.sleep(HEADER_TIMEOUT_S / 2)
+
+
+def test_a_trickled_body_is_cut_off_at_the_body_deadline(
+    slow_server: OrbitServer, dsn: DSN
+) -> None:
+    """A body sent a byte at a time gets 408 ``request_timeout`` once the body deadline
+    passes, and the server closes the connection (it used to hold the socket for as long as
+    the client kept trickling)."""
+    t = cli_tenant(dsn)
+    put_queue(slow_server.url, t, "trickle")
+    s = socket.create_connection(("127.0.0.1", slow_server.port), timeout=5)
+    s.sendall(f"POST /v1/namespaces/{t.namespace}/tasks HTTP/1.1\r\nHost: x\r\n"
+              f"Authorization: Bearer {t.key}\r\nContent-Type: application/json\r\n"
+              "Content-Length: 1000\r\n\r\n".encode())  # fmt: skip
+    started = time.monotonic()
+    answer = b""
+    s.setblocking(False)
+    try:
+        while time.monotonic() - started < BODY_TIMEOUT_S * 5:
+            try:
+                s.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            try:
+                chunk = s.recv(4096)
+                if chunk == b"":
+                    break  # closed by the server
+                answer += chunk
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                break
+            time.sleep(0.2)
+    finally:
+        s.close()
+    held = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request_timeout" in answer
+    assert held < BODY_TIMEOUT_S * 4, f"the connection was held {held:.1f}s"
+    record_figures("trickled_body", body_timeout_s=BODY_TIMEOUT_S, seconds_held=round(held, 1))
 
 
 def _raw_ws(server: OrbitServer, path: str, token: str) -> socket.socket:

@@ -39,7 +39,7 @@ from weave.definition.valuetypes import JSON, TypeSpecError, VType, parse_type
 #: Step ids: usable in paths as ``$.steps.<id>``.
 STEP_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 #: The names rule (docs/api/conventions.md#names) for queues and signals.
-NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,63}")
+NAME_RE = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.\-]{1,63}")
 #: Error codes of fail steps.
 ERROR_CODE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
