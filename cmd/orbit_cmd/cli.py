@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "orbit_cmd.cli_events",
     "orbit_cmd.cli_workers",
     "orbit_cmd.cli_audit",
+    "orbit_cmd.cli_retention",
     "orbit_cmd.cli_outbox",
 )
 
