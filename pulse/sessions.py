@@ -32,6 +32,7 @@ from orbit.types import NAME_RE
 from pulse import transitions, wire
 from pulse.attempts import Change, lose_running, now_in_tx, release_offer
 from pulse.errors import QueueNotFound
+from pulse.keyed_waiting import keyed_waiting_queues
 from pulse.rounds import settings_from_env
 from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
@@ -67,6 +68,9 @@ class WorkerSettings:
     #: Recovery loop interval and batch size.
     recovery_interval_ms: int = 1_000
     recovery_batch: int = 200
+    #: How often a stream that does not accept keyed tasks is told which of its queues have
+    #: keyed tasks waiting (``keyed_waiting`` on a heartbeat answer; pulse/keyed_waiting.py).
+    keyed_check_ms: int = 60_000
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: int) -> WorkerSettings:
@@ -226,9 +230,7 @@ async def create_session(
             )
         keyed_waiting: list[str] = []
         if not body.concurrency_keys:  # tell the worker what waits for another worker
-            for name, qid in queue_ids:
-                if await store.session_keyed_waiting(tx, namespace_id, qid):
-                    keyed_waiting.append(name)
+            keyed_waiting = await keyed_waiting_queues(tx, namespace_id, queue_ids)
         return wire.SessionCreated(
             session_id=id_hex(session_id),
             session_token=token,

@@ -161,6 +161,9 @@ class HeartbeatOk(msgspec.Struct, tag_field="type", tag="heartbeat_ok", kw_only=
     ref_msg_id: str | None
     attempts: list[HeartbeatAttempt]
     session_expires_at: str | None = None
+    #: On a stream that does not accept keyed tasks, at most every ``keyed_check_ms``: its
+    #: queues where keyed tasks wait (pulse/keyed_waiting.py). Absent otherwise. Additive.
+    keyed_waiting: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Receipt(msgspec.Struct, tag_field="type", tag="receipt", kw_only=True):

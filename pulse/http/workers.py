@@ -64,6 +64,7 @@ from pulse.hub import (
     PollConnection,
     WsConnection,
 )
+from pulse.keyed_waiting import KeyedWaitingCheck
 from pulse.progress import check_progress
 from pulse.recovery import release_session_offers
 from pulse.runtime import DISPATCHER_KEY, hub_of
@@ -287,6 +288,7 @@ class _StreamReader:
         self._admission = admission_of(ctx)
         self._budget = frame_bucket(self._admission.settings, self.info)
         self._tenant_slots = self._admission.tenant_slots(self.info.application_id)
+        self._keyed = KeyedWaitingCheck(conn.info, conn.queues, hub.settings.keyed_check_ms)
 
     async def run(self) -> None:
         ws = self.conn.websocket
@@ -428,6 +430,8 @@ class _StreamReader:
                     ).inc()
                 raise
             reply_hb = msgspec.structs.replace(result.reply, ref_msg_id=frame.msg_id)
+            if self._keyed.due() and (keyed := await self._keyed.queues(self.db)):
+                reply_hb = msgspec.structs.replace(reply_hb, keyed_waiting=keyed)
             await self.conn.send(reply_hb)
             for attempt_hex in result.cancel_requested:
                 await self.conn.send_cancel(attempt_hex, "cancel_requested")

@@ -165,7 +165,9 @@ async def test_session_creation_rules(live, client, db, tenant) -> None:
     r = await open_session(client, t)
     assert r.status_code == 201
     body = r.json()
-    assert set(body) == {"session_id", "session_token", "instance_id", "heartbeat_ms", "lease_ms"}
+    assert set(body) == {
+        "session_id", "session_token", "instance_id", "heartbeat_ms", "lease_ms", "keyed_waiting"
+    }  # fmt: skip
     assert len(body["session_id"]) == 32 and body["heartbeat_ms"] < body["lease_ms"]
     r = await open_session(client, t, queues=["missing"])
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

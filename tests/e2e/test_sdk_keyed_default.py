@@ -6,12 +6,15 @@ says so in its log."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
 import pytest
 from orbit_sdk import TaskContext, Worker
-from sdk_server import Env, env_fixture, server_fixture, unique  # noqa: F401
+from sdk_server import Env, env_fixture, eventually, server_fixture, unique  # noqa: F401
+
+from pulse.runtime import hub_of
 
 
 async def test_a_default_worker_runs_keyed_tasks_with_their_fencing_token(env: Env) -> None:
@@ -51,3 +54,42 @@ async def test_an_opted_out_worker_logs_that_keyed_work_waits(
     assert (await env.orbit.tasks.get(keyed.id)).state == "WAITING"  # left for another worker
     warnings = [r.getMessage() for r in caplog.records if "concurrency_key" in r.getMessage()]
     assert warnings and queue in warnings[0] and "concurrency_keys=False" in warnings[0]
+
+
+async def test_keyed_work_submitted_after_the_worker_connected_is_logged_too(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The session was created with nothing keyed waiting; keyed work submitted later is told
+    in a heartbeat answer (``keyed_waiting``, every ``keyed_check_ms``) and logged."""
+    hub = hub_of(env.server.ctx)
+    saved = hub.settings
+    hub.settings = dataclasses.replace(saved, keyed_check_ms=300)
+    queue = unique("keyed")
+    await env.orbit.queues.put(queue, lease_ms=3_000)  # heartbeats every second
+    plain = await env.orbit.tasks.submit(queue, "k", {})
+    worker = Worker(env.server.url, env.tenant.key, namespace=env.ns, concurrency_keys=False)
+
+    @worker.task(queue, "k")
+    async def handle(ctx: TaskContext, payload: Any) -> Any:
+        return "ok"
+
+    def told() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "concurrency_key" in r.getMessage()]
+
+    async def told_yet() -> list[str]:
+        return told()
+
+    run = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        with caplog.at_level(logging.WARNING, logger="orbit_sdk.connection"):
+            assert (await env.orbit.tasks.wait(plain.id, timeout=30)).state == "SUCCEEDED"
+            assert told() == []  # nothing keyed waited when the session was created
+            keyed = await env.orbit.tasks.submit(queue, "k", {}, concurrency_key="account-9")
+            await eventually(told_yet, within=15)
+        (warning,) = told()
+        assert queue in warning and "concurrency_keys=False" in warning
+        assert (await env.orbit.tasks.get(keyed.id)).state == "WAITING"
+    finally:
+        hub.settings = saved
+        worker.drain()
+        await asyncio.wait_for(run, 30)

@@ -37,6 +37,7 @@ from websockets.typing import Subprotocol
 from ._backoff import Backoff
 from ._endpoints import ws_url
 from ._http import HttpTransport, seg
+from ._keyed import KeyedWaitingLog
 from .errors import (
     Forbidden,
     InvalidRequest,
@@ -189,6 +190,8 @@ class StreamConnection:
         #: The last stream ended without a close frame (its node went away).
         self._lost_abruptly = False
         self.stats = ConnectionStats()
+        #: What the server says about keyed tasks waiting on a worker that does not take them.
+        self.keyed_waiting = KeyedWaitingLog()
 
     # ------------------------------------------------------------------ state
 
@@ -424,13 +427,7 @@ class StreamConnection:
             session.heartbeat_ms,
             session.lease_ms,
         )
-        if session.keyed_waiting:
-            logger.warning(
-                "tasks with a concurrency_key wait on queue(s) %s, and this worker does not"
-                " accept keyed tasks (concurrency_keys=False): they wait for a worker that"
-                " does",
-                ", ".join(session.keyed_waiting),
-            )
+        self.keyed_waiting.note(session.keyed_waiting)
 
     def _drop_session(self, why: str) -> None:
         session = self._session

@@ -181,6 +181,9 @@ class HeartbeatOk(_Frame, tag="heartbeat_ok"):
     ref_msg_id: str | None = None
     attempts: list[AttemptLease] = msgspec.field(default_factory=list)
     session_expires_at: datetime | None = None
+    #: For a worker that does not accept keyed tasks, now and then: its queues where keyed
+    #: tasks wait (absent in most answers).
+    keyed_waiting: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Receipt(_Frame, tag="receipt"):

@@ -492,6 +492,8 @@ class Worker:
             else:
                 if isinstance(reply, HeartbeatOk):
                     self._apply_heartbeat(reply, sent_at, versions)
+                    if isinstance(reply.keyed_waiting, list):  # absent in most answers
+                        connection.keyed_waiting.note(reply.keyed_waiting)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, sent_at + interval - loop.time())):
                     await self._heartbeat_kick.wait()
