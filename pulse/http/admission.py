@@ -14,6 +14,12 @@ flood, and floods of one tenant must not slow another down:
   Over the stream: ``error`` ``rate_limited`` and close 1008. Over HTTP
   (``…/sessions/{sid}/heartbeat``, ``…/attempts/{aid}/heartbeat``): 429 ``rate_limited`` with
   ``Retry-After``.
+* **Cool-down after a refusal.** A stream closed with 1008 leaves its session cooling down
+  until the budget it spent has refilled (at least :data:`COOL_DOWN_MIN_S`): an upgrade of
+  that session's stream meanwhile is refused with HTTP 429 ``rate_limited`` and
+  ``Retry-After`` before any authentication or database work, so a flood that reconnects at
+  once costs the node an HTTP exchange per attempt, not a session check, a bind and a burst.
+  Only frames on an authenticated stream can start a cool-down.
 * **``attempt_ids`` bound.** A heartbeat may list at most the session's ``max_concurrency``
   attempts (it cannot hold more); a longer list is 400 ``invalid_request`` naming the field.
 * **Fair share per tenant.** A node handles at most ``frame_slots`` worker frames at once
@@ -29,6 +35,8 @@ Every refusal is counted in ``pulse_worker_frames_refused_total{reason}``.
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +49,10 @@ from pulse.sessions import SessionInfo
 #: WebSocket close code for a stream over its budget (policy violation).
 CLOSE_POLICY = 1008
 ADMISSION_KEY = "pulse.admission"
+#: Shortest cool-down of a session whose stream was closed for its budget (seconds).
+COOL_DOWN_MIN_S = 1.0
+#: Sessions cooling down that a node remembers (oldest forgotten first).
+COOL_DOWN_MAX_KEYS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +103,7 @@ class Admission:
     def __init__(self, settings: AdmissionSettings | None = None, metrics: Any = None) -> None:
         self.settings = settings or AdmissionSettings.from_env()
         self._heartbeats = BucketMap(lambda: TokenBucket(1, 1), max_keys=100_000)
+        self._cooling: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._gate = FairGate(
             max(1, self.settings.frame_slots),
             share=min(100, max(1, self.settings.tenant_frame_share_pct)) / 100,
@@ -107,7 +120,7 @@ class Admission:
 
     def refused(self, reason: str) -> None:
         """Count a refusal (``frame_budget``, ``heartbeat_budget``, ``attempt_ids``,
-        ``progress``)."""
+        ``progress``, ``cooling_down``)."""
         if self._refused is not None:
             self._refused.inc(reason=reason)
 
@@ -121,6 +134,30 @@ class Admission:
                 retry_after=int(bucket.retry_after_s()) + 1,
                 reason="heartbeat_budget",
             )
+
+    def heartbeat_retry_s(self, info: SessionInfo) -> float:
+        """Seconds until the session's heartbeat budget has a heartbeat again."""
+        return self._heartbeats.get(info.key, lambda: heartbeat_bucket(info)).retry_after_s()
+
+    def cool_down(self, namespace: str, session_id: str, seconds: float) -> None:
+        """Refuse upgrades of the session's stream (``namespace`` and ``session_id`` as in
+        its path) for ``seconds`` (at least :data:`COOL_DOWN_MIN_S`)."""
+        key = (namespace, session_id)
+        self._cooling[key] = time.monotonic() + max(COOL_DOWN_MIN_S, seconds)
+        self._cooling.move_to_end(key)
+        while len(self._cooling) > COOL_DOWN_MAX_KEYS:
+            self._cooling.popitem(last=False)
+
+    def cooling(self, namespace: str, session_id: str) -> float:
+        """Seconds the session's stream is still cooling down (0: it may connect)."""
+        until = self._cooling.get((namespace, session_id))
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._cooling[(namespace, session_id)]
+            return 0.0
+        return left
 
     def tenant_slots(self, application_id: bytes) -> TenantSlots:
         """The frame slots of ``application_id`` on this node (see the module docstring)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import msgspec
@@ -248,6 +249,18 @@ async def stream(ws: WebSocket) -> None:
     the denial-response extension (uvicorn does), else the socket is closed with 4401."""
     ctx = _ctx(ws)
     hub = hub_of(ctx)
+    admission = admission_of(ctx)
+    wait = admission.cooling(ws.path_params["ns"], ws.path_params["sid"])
+    if wait > 0:  # closed for its budget a moment ago: refused before any database work
+        admission.refused("cooling_down")
+        cooling = RateLimited(
+            "this session's stream was closed for exceeding its budget: reconnect after "
+            "Retry-After", retry_after=math.ceil(wait), reason="cooling_down",
+        )  # fmt: skip
+        if "websocket.http.response" in ws.scope.get("extensions", {}):
+            await refuse(ws, cooling, error_response(cooling, request_id(ws)))
+            return
+        raise cooling  # closed with 4429 by the error handler
     try:
         info = await _session(ws, ws.path_params["sid"])
     except Unauthenticated as exc:
@@ -335,6 +348,11 @@ class _StreamReader:
             return [raw]
         return [bytes(f) for f in batch.frames]
 
+    def _budget_refill(self) -> float:
+        """The frames a second of this stream's budget: a cool-down lasts until one second's
+        worth has refilled."""
+        return float(self._budget.rate)
+
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._tenant_slots.release()
@@ -344,6 +362,11 @@ class _StreamReader:
         """Refuse the stream's traffic: an ``error`` frame, then close 1008."""
         if reason == "frame_budget":
             self._admission.refused(reason)
+            wait = self._budget.retry_after_s(self._budget_refill())
+        else:
+            wait = self._admission.heartbeat_retry_s(self.info)
+        path = self.conn.websocket.path_params
+        self._admission.cool_down(path["ns"], path["sid"], wait)
         await self.conn.send(
             wire.Error(
                 code="rate_limited",

@@ -108,3 +108,31 @@ async def test_http_heartbeats_have_the_same_budget(live, client, tenant) -> Non
             assert int(r.headers["retry-after"]) >= 1
             break
     assert statuses[-1] == 429 and statuses.count(200) <= 25, statuses
+
+
+async def test_a_stream_closed_for_its_budget_cools_down(live, client, tenant) -> None:
+    """Before: a flood reconnected at once and got a fresh burst each time (16 reconnects a
+    second, each a session check and a bind). Now the session's next upgrade within the
+    cool-down is refused with 429 and Retry-After before any database work."""
+    t = await tenant()
+    created = (await open_session(client, t, max_concurrency=1)).json()
+    url = stream_url(live, t, created["session_id"])
+    headers = bearer(created["session_token"])
+    async with websockets.connect(url, additional_headers=headers) as ws:
+        for i in range(300):
+            await ws.send(json.dumps({"type": "heartbeat", "msg_id": f"h{i}", "attempt_ids": []}))
+        code, _ = await _closed_with(ws, 20)
+    assert code == 1008
+    try:
+        async with websockets.connect(url, additional_headers=headers):
+            raise AssertionError("the upgrade was accepted during the cool-down")
+    except websockets.InvalidStatus as exc:
+        assert exc.response.status_code == 429
+        assert int(exc.response.headers["Retry-After"]) >= 1
+        assert json.loads(exc.response.body)["error"]["code"] == "rate_limited"
+    counter = live.ctx.metrics.counter("pulse_worker_frames_refused_total", "", ("reason",))
+    assert counter.value(reason="cooling_down") >= 1
+    await asyncio.sleep(2.1)  # cooled down: the session's stream works again
+    async with websockets.connect(url, additional_headers=headers) as ws:
+        reply = await Worker(ws).call("heartbeat", attempt_ids=[])
+        assert reply["type"] == "heartbeat_ok", reply
