@@ -297,3 +297,39 @@ async def test_settings_validation_and_revision(db: Database, tenant: TenantFact
     assert (await set_retention(t, finished_tasks_days=30, events_days=30, audit_days=365))[
         "revision"
     ] == 2  # the same settings again change nothing
+
+
+async def test_tasks_of_a_running_workflow_instance_are_kept(
+    db: Database, tenant: TenantFactory
+) -> None:
+    t = await tenant()
+    now = await db.now()
+    running, finished = new_id(), new_id()
+    kept, gone = await finished_task(t, now - 40 * DAY), await finished_task(t, now - 40 * DAY)
+
+    async def link(tx: Tx) -> None:
+        for instance, state, task in ((running, "RUNNING", kept), (finished, "SUCCEEDED", gone)):
+            await tx.execute(
+                "INSERT INTO weave_instances (namespace_id, id, owner_id, definition_id,"
+                " definition_name, version, input, output, state, created_at, updated_at,"
+                " finished_at) VALUES (%s, %s, %s, %s, 'flow', 1, '{}', %s, %s, %s, %s, %s)",
+                (t.namespace_id, instance, t.application_id, new_id(),
+                 None if state == "RUNNING" else "{}", state, now - 41 * DAY, now,
+                 None if state == "RUNNING" else now - 40 * DAY),
+            )  # fmt: skip
+            await tx.execute(
+                "INSERT INTO weave_activations (namespace_id, id, instance_id, step_path,"
+                " activation_no, kind, task_id, state, seq, started_at, finished_at)"
+                " VALUES (%s, %s, %s, 'step', 1, 'task', %s, 'CANCELLED', 1, %s, %s)",
+                (t.namespace_id, new_id(), instance, task, now - 40 * DAY, now - 40 * DAY),
+            )
+            await tx.execute(
+                "UPDATE pulse_tasks SET source_kind = 'workflow' WHERE namespace_id = %s AND id = %s",
+                (t.namespace_id, task),
+            )
+
+    await db.transaction(link)
+    await set_retention(t, finished_tasks_days=7)
+    await purger(db).purge_namespace(t.namespace_id)
+    assert await task_exists(t, kept)  # its instance still runs
+    assert not await task_exists(t, gone)
