@@ -1,5 +1,12 @@
 """The dispatcher: two-step dispatch, step 1 (lease due tasks to connected sessions).
 
+The loop (:meth:`Dispatcher.run`, :meth:`Dispatcher.run_once`) serves every waiting session
+of the node, of every namespace, with the node dispatch round (:mod:`pulse.dispatch_round`:
+one look, then ONE transaction; capacity by application → namespace/queue → fairness
+subject). This module keeps the per-group transaction below for a session's first dispatch
+(:meth:`Dispatcher.dispatch_to`, the HTTP poll) and as the fallback when a round fails as a
+whole.
+
 For each group of sessions connected to this node that want offers — one namespace, the
 same declared queues, the same keyed-task ability (``_group_key``) — one transaction:
 
@@ -65,6 +72,7 @@ from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from pulse import transitions, wire
 from pulse.attempts import Change, now_in_tx
+from pulse.dispatch_round import NodeRound
 from pulse.hub import CLOSE_REPLACED, CLOSE_SESSION_GONE, Connection, Hub
 from pulse.sessions import QueueRef
 from pulse.store import attempts as attempt_store
@@ -217,6 +225,9 @@ class Dispatcher:
         self.owner_refresh_ms = owner_refresh_ms
         self._rotation = 0
         self._more = False
+        self._node = NodeRound(db, hub.node_id, self.settings.offer_lease_ms)
+        #: Seconds until the first task the last look saw that is not due yet (None: none).
+        self._wake_in: float | None = None
         self._hints: dict[tuple[bytes, bytes], OwnerHint] = {}
         self._metrics = metrics
         if metrics is not None:
@@ -236,21 +247,45 @@ class Dispatcher:
             )
 
     async def run_once(self, *, now: datetime | None = None) -> int:
-        """One dispatch round over the connected sessions; return the number of offers.
-
-        Sessions of one namespace that take the same queues (and the same keyed-task
-        ability) are served by ONE transaction (:meth:`dispatch_group`); groups and the
-        sessions within them rotate round-robin per round.
-        """
-        total = 0
+        """One node dispatch round over every connected session that wants offers, of every
+        namespace (:mod:`pulse.dispatch_round`: one look; when work is due, ONE transaction);
+        return the number of offers."""
         conns = [c for c in self.hub.connections() if c.wants_offers()]
         if not conns:
+            self._wake_in = None
             return 0
+        began = time.perf_counter()
+        try:
+            result = await self._node.run(conns, pool_cap=GROUP_MAX_CLAIM, now=now)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The round failed as a whole (not a lock wait: those are retried inside): serve
+            # the groups one transaction each, so one namespace's failure cannot hold back
+            # the others.
+            log.exception("node dispatch round failed; serving the groups one by one")
+            return await self._run_groups(conns, now)
+        self._wake_in = result.wake_in
+        if result.more:
+            self._more = True
+        if self._metrics is not None:
+            if result.transactions:
+                self._seconds.observe(time.perf_counter() - began)
+            for outcome in result.outcomes:
+                if outcome.at_capacity:
+                    self._denials.inc(kind=DENIAL_SESSION_CAPACITY)
+            for kind, n in sorted(result.denied.items()):
+                if n:
+                    self._denials.inc(n, kind=kind)
+        return await self._deliver(conns, result.outcomes)
+
+    async def _run_groups(self, conns: Sequence[Connection], now: datetime | None) -> int:
+        """One transaction per group of sessions (:meth:`dispatch_group`), groups rotating."""
+        total = 0
         self._rotation += 1
-        self._more = False
         start = self._rotation % len(conns)
         groups: dict[tuple[Any, ...], list[Connection]] = {}
-        for conn in conns[start:] + conns[:start]:
+        for conn in [*conns[start:], *conns[:start]]:
             groups.setdefault(_group_key(conn), []).append(conn)
         for group in groups.values():
             try:
@@ -262,6 +297,22 @@ class Dispatcher:
                     "dispatch to sessions %s failed",
                     ", ".join(id_hex(c.info.session_id) for c in group),
                 )
+        return total
+
+    async def _deliver(self, conns: Sequence[Connection], outcomes: Sequence[Any]) -> int:
+        """After COMMIT: close the connections of sessions gone, push each the offers."""
+        total = 0
+        for conn, outcome in zip(conns, outcomes, strict=True):
+            if outcome.gone is not None:
+                self.hub.unregister(conn)
+                code = CLOSE_REPLACED if outcome.gone == "moved" else CLOSE_SESSION_GONE
+                await conn.close(code, "session_" + outcome.gone)
+                continue
+            if outcome.offers:
+                if self._metrics is not None:
+                    self._offers.inc(len(outcome.offers))
+                await self.hub.push_offers(conn, outcome.offers)
+                total += len(outcome.offers)
         return total
 
     async def dispatch_to(self, conn: Connection, *, now: datetime | None = None) -> int:
@@ -297,19 +348,7 @@ class Dispatcher:
                     self._denials.inc(n, kind=kind)
         if round_.more:
             self._more = True
-        total = 0
-        for conn, outcome in zip(conns, round_.outcomes, strict=True):
-            if outcome.gone is not None:
-                self.hub.unregister(conn)
-                code = CLOSE_REPLACED if outcome.gone == "moved" else CLOSE_SESSION_GONE
-                await conn.close(code, "session_" + outcome.gone)
-                continue
-            if outcome.offers:
-                if self._metrics is not None:
-                    self._offers.inc(len(outcome.offers))
-                await self.hub.push_offers(conn, outcome.offers)
-                total += len(outcome.offers)
-        return total
+        return await self._deliver(conns, round_.outcomes)
 
     # -- the owner hint ----------------------------------------------------------------------
 
@@ -749,7 +788,10 @@ class Dispatcher:
             if self._more:
                 await asyncio.sleep(0)
                 continue
-            await self.hub.wait_for_work(poll_s * random.uniform(0.8, 1.2), stop)
+            wait = poll_s * random.uniform(0.8, 1.2)
+            if self._wake_in is not None:  # a delayed task becomes due sooner: wake then
+                wait = min(wait, max(0.0, self._wake_in) + 0.001)
+            await self.hub.wait_for_work(wait, stop)
 
 
 def _group_key(conn: Connection) -> tuple[Any, ...]:

@@ -53,6 +53,7 @@ def _row(
         "retry_safe": int(b.retry_safe),
         "concurrency_key": b.concurrency_key,
         "concurrency_key_digest": p.key_digest,
+        "fairness_key": b.fairness_key,
         "state": "WAITING",
         "source_kind": source_kind,
         "source_id": source_id,
@@ -94,6 +95,7 @@ def _as_stored(row: dict[str, Any]) -> dict[str, Any]:
         progress_at=None,
         progress_generation=None,
     )
+    out.setdefault("fairness_key", None)
     return out
 
 
@@ -152,6 +154,7 @@ class _FreshViews:
             "state_version": 1,
             "cancel_requested": False,
             "concurrency_key": row["concurrency_key"],
+            "fairness_key": row.get("fairness_key"),
             "retry_safe": bool(row["retry_safe"]),
             "retry": {
                 "backoff_initial_ms": int(row["retry_backoff_initial_ms"]),

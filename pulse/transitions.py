@@ -124,6 +124,7 @@ def task_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "state_version": int(row["state_version"]),
         "cancel_requested": bool(row["cancel_requested"]),
         "concurrency_key": row["concurrency_key"],
+        "fairness_key": row.get("fairness_key"),
         "retry_safe": bool(row["retry_safe"]),
         "retry": {
             "backoff_initial_ms": int(row["retry_backoff_initial_ms"]),

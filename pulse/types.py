@@ -92,6 +92,9 @@ class TaskSubmit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     retry_safe: bool = False
     concurrency_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    #: Fair dispatch within the queue rotates across these (additive; an application's own
+    #: end user or subject). None: the owner is the task's subject.
+    fairness_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     #: This task's own backoff, within the queue's ``retry_bounds`` (additive).
     retry: TaskRetry | None = None
 

@@ -64,7 +64,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         "dedup_key": args.dedup_key, "priority": args.priority, "delay_ms": args.delay_ms,
         "available_at": args.available_at, "deadline_at": args.deadline_at,
         "max_attempts": args.max_attempts, "retry_safe": True if args.retry_safe else None,
-        "concurrency_key": args.concurrency_key,
+        "concurrency_key": args.concurrency_key, "fairness_key": args.fairness_key,
     }  # fmt: skip
     retry = {
         k: v for k, v in (("backoff_initial_ms", args.backoff_initial_ms),
@@ -323,6 +323,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--retry-safe", action="store_true", help="the task is idempotent")
     p.add_argument("--concurrency-key")
+    p.add_argument("--fairness-key", help="fair dispatch within the queue rotates across these")
     p.add_argument("--backoff-initial-ms", type=int, help="this task's own first retry delay")
     p.add_argument("--backoff-max-ms", type=int, help="this task's own retry delay cap")
     p.add_argument("--backoff-multiplier", type=float, help="this task's own delay growth")

@@ -105,3 +105,128 @@ UNION ALL
  WHERE u.namespace_id = %(namespace_id)s AND u.queue_id IN %(queue_ids)s
  ORDER BY u.queue_id
  FOR UPDATE)
+
+-- The node dispatch round (pulse/dispatch_round.py): one look across every waiting session's
+-- queues, then ONE transaction for every namespace of the node. Positional parameters only
+-- (the store builds the UNION ALL parts and the key groups).
+
+-- name: round_look_anchor
+-- One queue's first fairness subject with WAITING tasks (from the start of the subject
+-- order): one dive into ix_pulse_tasks_fair. Parameters: namespace, queue (the CTE's
+-- columns), then namespace, queue again (the dive).
+SELECT CAST(%s AS BINARY(16)), CAST(%s AS BINARY(16)),
+  (SELECT t.fair_subject FROM pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)
+   WHERE t.namespace_id = %s AND t.queue_id = %s AND t.state = 'WAITING'
+   ORDER BY t.fair_subject LIMIT 1), 1
+
+-- name: round_look_anchor_after
+-- round_look_anchor continuing after a subject (a queue with more subjects than one look
+-- walks: the next look goes on from the last one seen). The last parameter: that subject.
+SELECT CAST(%s AS BINARY(16)), CAST(%s AS BINARY(16)),
+  (SELECT t.fair_subject FROM pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)
+   WHERE t.namespace_id = %s AND t.queue_id = %s AND t.state = 'WAITING'
+     AND t.fair_subject > %s
+   ORDER BY t.fair_subject LIMIT 1), 1
+
+-- name: round_look
+-- The look: for every queue of the waiting sessions (one anchor each, joined in place of the
+-- marker below), the
+-- fairness subjects with WAITING tasks — a skip scan of ix_pulse_tasks_fair done by the
+-- server (a recursive CTE, one dive per subject, a bounded number per queue) — each with its first
+-- task in dispatch order (owner, dispatch_at, available_at) and the database clock. No lock:
+-- a hint of who has work and when; the claims decide. An idle queue costs its anchor's dive.
+-- Parameters: the anchors', the most subjects per queue, the pinned now (NULL: the clock).
+WITH RECURSIVE s (namespace_id, queue_id, subject, n) AS (
+  /*anchors*/
+  UNION ALL
+  SELECT s.namespace_id, s.queue_id,
+    (SELECT x.fair_subject FROM pulse_tasks x FORCE INDEX (ix_pulse_tasks_fair)
+     WHERE x.namespace_id = s.namespace_id AND x.queue_id = s.queue_id AND x.state = 'WAITING'
+       AND x.fair_subject > s.subject
+     ORDER BY x.fair_subject LIMIT 1),
+    s.n + 1
+  FROM s WHERE s.subject IS NOT NULL AND s.n < %s
+)
+SELECT s.namespace_id, s.queue_id, s.subject, s.n,
+  (SELECT y.owner_id FROM pulse_tasks y FORCE INDEX (ix_pulse_tasks_fair)
+   WHERE y.namespace_id = s.namespace_id AND y.queue_id = s.queue_id AND y.state = 'WAITING'
+     AND y.fair_subject = s.subject
+   ORDER BY y.dispatch_at, y.id LIMIT 1) AS owner_id,
+  (SELECT y.dispatch_at FROM pulse_tasks y FORCE INDEX (ix_pulse_tasks_fair)
+   WHERE y.namespace_id = s.namespace_id AND y.queue_id = s.queue_id AND y.state = 'WAITING'
+     AND y.fair_subject = s.subject
+   ORDER BY y.dispatch_at, y.id LIMIT 1) AS first_dispatch_at,
+  (SELECT y.available_at FROM pulse_tasks y FORCE INDEX (ix_pulse_tasks_fair)
+   WHERE y.namespace_id = s.namespace_id AND y.queue_id = s.queue_id AND y.state = 'WAITING'
+     AND y.fair_subject = s.subject
+   ORDER BY y.dispatch_at, y.id LIMIT 1) AS first_available_at,
+  CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM s
+WHERE s.subject IS NOT NULL
+
+-- name: round_sessions_lock
+-- The round's first locks: the sessions of every namespace, in (namespace_id, id) order (the
+-- session level comes first in the lock order), each with the attempts it holds (offered or
+-- running: the flow-control count, a scalar subquery on ix_pulse_attempts_session, which a
+-- locking read never locks) and the clock read once the locks are held.
+-- First parameter: the pinned now (NULL: the database clock).
+SELECT s.namespace_id, s.id, s.state, s.node_id, s.max_concurrency, s.concurrency_keys,
+  s.expires_at,
+  (SELECT COUNT(*) FROM pulse_attempts a
+   WHERE a.namespace_id = s.namespace_id AND a.session_id = s.id
+     AND a.state IN ('OFFERED', 'RUNNING')) AS held,
+  CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
+FROM pulse_worker_sessions s
+WHERE /*keys s.namespace_id s.id*/
+ORDER BY s.namespace_id, s.id
+FOR UPDATE
+
+-- name: round_gates
+-- The namespace gates (queue_id = 16 zero bytes) and queue gates of the round's queues.
+SELECT namespace_id, queue_id, paused
+FROM pulse_execution_gates
+WHERE /*keys namespace_id queue_id*/
+
+-- name: round_usage_lock
+-- usage_lock_with_limits for every namespace of the round: the owners' application rows
+-- sorted by id, then the queues' usage rows sorted by (namespace, queue), in ONE statement,
+-- with the limits the offers are capped by. Positional parameters: the application ids (the
+-- IN list the store builds), then the queues' key groups.
+(SELECT 'a' AS kind, NULL AS namespace_id, application_id AS id, reservations,
+  active_attempts, max_reservations, max_active_attempts, NULL AS max_concurrency
+ FROM orbit_application_resources
+ WHERE application_id IN (/*apps*/)
+ ORDER BY application_id
+ FOR UPDATE)
+UNION ALL
+(SELECT 'q', u.namespace_id, u.queue_id, u.reservations, u.active_attempts, NULL, NULL,
+  (SELECT q.max_concurrency FROM pulse_queues q
+   WHERE q.namespace_id = u.namespace_id AND q.id = u.queue_id)
+ FROM pulse_queue_usage u
+ WHERE /*keys u.namespace_id u.queue_id*/
+ ORDER BY u.namespace_id, u.queue_id
+ FOR UPDATE)
+
+-- name: round_claim_part
+-- One part of the round's claim (the store joins them with UNION ALL, one per (namespace,
+-- queue, fairness subject) in play): that subject's due tasks in dispatch order, a range of
+-- ix_pulse_tasks_fair (another subject's backlog is never read), at most LIMIT, FOR UPDATE
+-- SKIP LOCKED (a row another transaction holds is skipped, never waited for). Keyed tasks
+-- as in task_claim_due_in_queue. Parameters: namespace, queue, subject, now ×3, keys_ok,
+-- limit.
+(SELECT t.namespace_id, t.id, t.owner_id, t.queue_id, t.queue_name, t.kind, t.payload,
+  t.priority, t.available_at, t.dispatch_at, t.deadline_at, t.concurrency_key,
+  t.concurrency_key_digest, t.fairness_key, t.fair_subject, t.state, t.state_version,
+  t.attempts, t.revision
+ FROM pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)
+ WHERE t.namespace_id = %s AND t.queue_id = %s AND t.state = 'WAITING' AND t.fair_subject = %s
+   AND t.dispatch_at <= %s AND t.available_at <= %s
+   AND (t.deadline_at IS NULL OR t.deadline_at > %s)
+   AND (t.concurrency_key_digest IS NULL OR (%s = 1 AND (
+     SELECT c.held >= c.max_permits
+     FROM pulse_concurrency_limits c FORCE INDEX (uq_pulse_concurrency_limits_key)
+     WHERE c.namespace_id = t.namespace_id AND c.key_digest = t.concurrency_key_digest
+   ) IS NOT TRUE))
+ ORDER BY t.dispatch_at, t.id
+ LIMIT %s
+ FOR UPDATE SKIP LOCKED)

@@ -11,7 +11,7 @@ namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_
   concurrency_key_digest, state, state_version, attempts, current_attempt_id, session_id,
   lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution, source_kind,
   source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at, finished_at,
-  revision, progress, progress_at, progress_generation
+  revision, progress, progress_at, progress_generation, fairness_key
 
 -- name: task_page_columns
 created_at, id, LENGTH(payload) + COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0)
@@ -54,14 +54,15 @@ INSERT INTO pulse_tasks
   (namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
    payload, priority, available_at, deadline_at, max_attempts, retry_backoff_initial_ms,
    retry_backoff_max_ms, retry_backoff_multiplier, retry_safe, concurrency_key,
-   concurrency_key_digest, state, source_kind, source_id, created_at, state_changed_at)
+   concurrency_key_digest, fairness_key, state, source_kind, source_id, created_at,
+   state_changed_at)
 VALUES
   (%(namespace_id)s, %(id)s, %(owner_id)s, %(queue_id)s, %(queue_name)s, %(kind)s,
    %(pipeline_version)s, %(dedup_key)s, %(payload)s, %(priority)s, %(available_at)s,
    %(deadline_at)s, %(max_attempts)s, %(retry_backoff_initial_ms)s, %(retry_backoff_max_ms)s,
    %(retry_backoff_multiplier)s, %(retry_safe)s, %(concurrency_key)s,
-   %(concurrency_key_digest)s, %(state)s, %(source_kind)s, %(source_id)s, %(created_at)s,
-   %(created_at)s)
+   %(concurrency_key_digest)s, %(fairness_key)s, %(state)s, %(source_kind)s, %(source_id)s,
+   %(created_at)s, %(created_at)s)
 
 -- name: task_insert_values
 -- Batch submit: the head of one multi-row INSERT whose VALUES tuples are SQL literals built
@@ -71,7 +72,8 @@ INSERT INTO pulse_tasks
   (namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
    payload, priority, available_at, deadline_at, max_attempts, retry_backoff_initial_ms,
    retry_backoff_max_ms, retry_backoff_multiplier, retry_safe, concurrency_key,
-   concurrency_key_digest, state, source_kind, source_id, created_at, state_changed_at)
+   concurrency_key_digest, fairness_key, state, source_kind, source_id, created_at,
+   state_changed_at)
 VALUES
 
 -- name: task_list

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.storage import Tx, load_queries
+from orbit.storage.keys import KeySet, expand
 
 Q = load_queries(__file__, "dispatch")
 
@@ -122,3 +123,83 @@ async def usage_lock_with_limits(
     for row in rows:
         (by_app if row["kind"] == "a" else by_queue)[bytes(row["id"])] = row
     return by_app, by_queue
+
+
+# -- the node dispatch round (pulse/dispatch_round.py) --------------------------------------
+
+#: A (namespace id, queue id) pair.
+QueueKey = tuple[bytes, bytes]
+
+
+async def round_look(
+    tx: Tx,
+    queues: Sequence[tuple[QueueKey, bytes | None]],
+    max_subjects: int,
+    now: datetime | None,
+) -> list[Row]:
+    """The fairness subjects with WAITING tasks of each queue (``(queue, after)``: the walk
+    starts after ``after``, None: from the first), at most ``max_subjects`` per queue, each
+    with its first task's ``owner_id``, ``first_dispatch_at``, ``first_available_at``, its
+    position ``n`` in the walk and ``db_now`` (no lock; ONE statement)."""
+    if not queues:
+        return []
+    anchors: list[str] = []
+    args: list[Any] = []
+    for (ns, q), after in sorted(queues, key=lambda x: x[0]):
+        if after is None:
+            anchors.append(Q.round_look_anchor)
+            args += [ns, q, ns, q]
+        else:
+            anchors.append(Q.round_look_anchor_after)
+            args += [ns, q, ns, q, after]
+    sql = Q.round_look.replace("/*anchors*/", "\n  UNION ALL\n".join(anchors))
+    return await tx.fetchall(sql, [*args, max_subjects, now])
+
+
+async def round_sessions_lock(tx: Tx, keys: KeySet, now: datetime | None) -> list[Row]:
+    """Lock the sessions (in (namespace, id) order) with their held counts and ``db_now``."""
+    sql, args = expand(Q.round_sessions_lock, keys, now)
+    return await tx.fetchall(sql, args)
+
+
+async def round_gates(tx: Tx, keys: KeySet) -> dict[QueueKey, bool]:
+    """``paused`` of the gates named by ``keys`` ((namespace, queue id or the namespace gate's
+    zero id)); a gate without a row is open."""
+    sql, args = expand(Q.round_gates, keys)
+    rows = await tx.fetchall(sql, args)
+    return {(bytes(r["namespace_id"]), bytes(r["queue_id"])): bool(r["paused"]) for r in rows}
+
+
+async def round_usage_lock(
+    tx: Tx, queues: KeySet, app_ids: Sequence[bytes]
+) -> tuple[dict[bytes, Row], dict[QueueKey, Row]]:
+    """Lock the owners' application rows (sorted) then the queues' usage rows (sorted by
+    namespace, queue) in ONE statement, with their limits: (applications by id, queues by
+    (namespace, queue id))."""
+    apps = sorted(set(app_ids))
+    sql = Q.round_usage_lock.replace("/*apps*/", ", ".join(["%s"] * len(apps)) if apps else "NULL")
+    sql, args = expand(sql, queues, *apps)
+    by_app: dict[bytes, Row] = {}
+    by_queue: dict[QueueKey, Row] = {}
+    for row in await tx.fetchall(sql, args):
+        if row["kind"] == "a":
+            by_app[bytes(row["id"])] = row
+        else:
+            by_queue[(bytes(row["namespace_id"]), bytes(row["id"]))] = row
+    return by_app, by_queue
+
+
+#: One part of a round's claim: (namespace id, queue id, fairness subject, keys_ok, limit).
+ClaimPart = tuple[bytes, bytes, bytes, bool, int]
+
+
+async def round_claim(tx: Tx, parts: Sequence[ClaimPart], now: datetime) -> list[Row]:
+    """Lock the due tasks of every part (each its subject's, in dispatch order, at most its
+    limit; ``FOR UPDATE SKIP LOCKED``) in ONE statement; rows in part order."""
+    if not parts:
+        return []
+    args: list[Any] = []
+    for ns, q, subject, keys_ok, limit in parts:
+        args += [ns, q, subject, now, now, now, int(keys_ok), limit]
+    sql = "\nUNION ALL\n".join([Q.round_claim_part] * len(parts))
+    return await tx.fetchall(sql, args)

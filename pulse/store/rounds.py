@@ -309,3 +309,18 @@ def _progress_set(
         sql += ", progress_generation = IF(" + in_list + ", attempts, progress_generation)"
         args += ids
     return sql, args
+
+
+def tasks_lease_statement(
+    rows: Mapping[Key, Mapping[str, Any]], lease_expires_at: datetime, now: datetime
+) -> tuple[str, list[Any]]:
+    """WAITING → LEASED for the tasks a dispatch round offers, of many namespaces: each row
+    (by (namespace, id)) is ``{"attempt_id", "session_id", "revision"}``."""
+    return guarded_update(
+        "pulse_tasks", KeySet(rows),
+        values={"current_attempt_id": _col(rows, "attempt_id"),
+                "session_id": _col(rows, "session_id")},
+        also=[("state = 'LEASED'", ()), ("lease_expires_at = %s", (lease_expires_at,)),
+              ("state_version = state_version + 1", ()), ("state_changed_at = %s", (now,))],
+        state="WAITING", guards={"revision": _col(rows, "revision")},
+    )  # fmt: skip

@@ -142,10 +142,25 @@ def classify(sql: str) -> tuple[str, str] | None:
     elif verb == "select":
         if "for update" not in s and "lock in share mode" not in s and "for share" not in s:
             return None
-        m = re.search(r"\bfrom (\w+)", s)
+        # The table of the outermost FROM: a scalar subquery of the select list (a held
+        # count, a limit) is a plain read, which a locking read never locks.
+        return _top_from(s, verb)
     else:
         return None
     return (verb, m.group(1)) if m else None
+
+
+def _top_from(s: str, verb: str) -> tuple[str, str] | None:
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth <= 0 and s.startswith("from ", i) and (i == 0 or not s[i - 1].isalnum()):
+            m = re.match(r"from (\w+)", s[i:])
+            return (verb, m.group(1)) if m else None
+    return None
 
 
 def _keys(args: Any, single: str, many: str) -> set[bytes] | None:
@@ -388,6 +403,27 @@ async def test_every_transaction_locks_usage_rows_first(
     await submit_as(db, t, late, queue="fresh")
     new = await c.check("dispatch (an owner never seen)", offers_of(d2, conn3))
     assert len(new) == 1
+
+    # The node dispatch round: every session of a node, two namespaces, several owners (one
+    # with a quota), fairness keys and a keyed task, in ONE transaction.
+    node = Hub(f"lock-order-node-{secrets.token_hex(4)}")
+    t2 = await t.other_namespace()
+    for ns_t in (t, t2):
+        for key in ("u1", "u2", None):
+            await ns_t.submit(fairness_key=key)
+        await ns_t.submit(concurrency_key="node-key")
+    await submit_as(db, t, q_owner)
+    await submit_as(db, t, b)
+    node_conns = [
+        await connect(db, node, (await open_session(db, ns_t, max_concurrency=16,
+                                                      concurrency_keys=True))[0])
+        for ns_t in (t, t2)
+    ]  # fmt: skip
+    got = await c.check("dispatch (node round, two namespaces)", Dispatcher(db, node).run_once())
+    assert got >= 6 and all(nc.offers() for nc in node_conns)
+    for nc in node_conns:
+        nc.take_offers()
+        await sessions.close_session(db, nc.info.namespace_id, nc.info.session_id)
 
     # Recovery: a lost offer (its lease passed) and a lost running attempt.
     now = await db.now()

@@ -77,12 +77,15 @@ class TasksAPI:
         concurrency_key: str | None = None,
         retry: TaskRetry | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        fairness_key: str | None = None,
     ) -> Task:
         """Submit one task. Returns the new task, or the existing one with
         ``deduplicated=True`` when ``(kind, pipeline_version, dedup_key)`` already exists
         for this owner. Pass ``msgspec.Raw(b"...")`` as ``payload`` to send exact bytes.
         ``retry`` (a :class:`~orbit_sdk.TaskRetry` or a mapping with its keys) gives the task
-        its own backoff, within the queue's ``retry_bounds``."""
+        its own backoff, within the queue's ``retry_bounds``. ``fairness_key`` (an end user or
+        subject of yours) makes dispatch within the queue rotate across the keys with due
+        tasks, so one subject's flood does not hold another's tasks back."""
         spec = TaskSpec(queue=queue, kind=kind, payload=payload)
         for name, value in (
             ("pipeline_version", pipeline_version),
@@ -94,6 +97,7 @@ class TasksAPI:
             ("max_attempts", max_attempts),
             ("retry_safe", retry_safe),
             ("concurrency_key", concurrency_key),
+            ("fairness_key", fairness_key),
             ("retry", msgspec.convert(retry, TaskRetry) if isinstance(retry, Mapping) else retry),
         ):
             if value is not None:

@@ -85,6 +85,8 @@ class Task(msgspec.Struct, kw_only=True):
     max_attempts: int | None = None
     retry_safe: bool = False
     concurrency_key: str | None = None
+    fairness_key: str | None = None
+    """The task's fairness subject within its queue (None: its owner)."""
     retry: TaskRetry | None = None
     """The backoff policy frozen into the task at submit (its own, else its queue's)."""
     effect_uncertain: bool = False
@@ -160,6 +162,7 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     max_attempts: int | UnsetType = UNSET
     retry_safe: bool | UnsetType = UNSET
     concurrency_key: str | UnsetType = UNSET
+    fairness_key: str | UnsetType = UNSET
     retry: TaskRetry | UnsetType = UNSET
 
 
