@@ -20,6 +20,7 @@ from orbit_sdk import (
     OrbitClient,
     Overlap,
     PreconditionFailed,
+    Retention,
     RetryAllResult,
     RetryBounds,
     ScheduleTaskSpec,
@@ -215,3 +216,27 @@ async def test_task_retry_policy(env: Env) -> None:
     )
     assert item.status == 400
 
+
+
+async def test_retention_settings(env: Env, db: Database) -> None:
+    r = env.orbit.retention
+    first = await r.get()
+    assert isinstance(first, Retention) and first.events_days is None
+    made = await r.put(finished_tasks_days=30, events_days=14, audit_days=90,
+                       if_match=first.revision)  # fmt: skip
+    assert (made.events_days, made.audit_days, made.revision) == (14, 90, first.revision + 1)
+    with pytest.raises(PreconditionFailed):
+        await r.put(events_days=7, if_match=first.revision)
+    with pytest.raises(InvalidRequest) as bad:
+        await r.put(events_days=14, audit_days=3)
+    assert bad.value.field == "audit_days"
+    _, reader = await add_key(db, env.tenant, ["tasks.read"])
+    async with OrbitClient(env.server.url, reader, namespace=env.ns) as limited:
+        with pytest.raises(Forbidden):
+            await limited.retention.get()
+
+    def work() -> tuple[int, int | None]:
+        with SyncOrbitClient(env.server.url, env.tenant.key, namespace=env.ns) as sync:
+            return sync.retention.get().purged_total, sync.retention.put().events_days
+
+    assert await asyncio.to_thread(work) == (0, None)

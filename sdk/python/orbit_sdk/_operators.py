@@ -10,11 +10,11 @@ from . import _json
 from ._http import HttpTransport, seg
 from ._requests import iterate_pages, utc_text
 from ._tasks import decode_items
-from .ops_types import AuditEvent, WorkerPage, WorkerSession
+from .ops_types import AuditEvent, Retention, WorkerPage, WorkerSession
 from .types import Page
 from .wire import SessionClosed
 
-__all__ = ["AuditAPI", "WorkersAPI"]
+__all__ = ["AuditAPI", "RetentionAPI", "WorkersAPI"]
 
 
 class WorkersAPI:
@@ -115,3 +115,35 @@ class AuditAPI:
                 cursor=cursor,
             )
         )  # fmt: skip
+
+
+class RetentionAPI:
+    """The retention windows of the client's namespace (``/v1/namespaces/{ns}/retention``;
+    needs ``admin``)."""
+
+    def __init__(self, http: HttpTransport, namespace: Callable[[], str]) -> None:
+        self._http = http
+        self._ns = namespace
+
+    def _path(self) -> str:
+        return f"/v1/namespaces/{seg(self._ns())}/retention"
+
+    async def get(self) -> Retention:
+        """The windows and the purge's progress (``purged_total``, ``last_run_at``)."""
+        return await self._http.call("GET", self._path(), Retention)
+
+    async def put(
+        self,
+        *,
+        finished_tasks_days: int | None = None,
+        events_days: int | None = None,
+        audit_days: int | None = None,
+        idempotency_hours: int | None = None,
+        if_match: int | None = None,
+    ) -> Retention:
+        """Replace the whole settings (a window left None keeps that history forever);
+        ``if_match`` a revision makes it conditional (412 otherwise)."""
+        body = {"finished_tasks_days": finished_tasks_days, "events_days": events_days,
+                "audit_days": audit_days, "idempotency_hours": idempotency_hours}  # fmt: skip
+        headers = None if if_match is None else {"If-Match": f'"{if_match}"'}
+        return await self._http.call("PUT", self._path(), Retention, body=body, headers=headers)

@@ -6,7 +6,7 @@
 
 Calls are grouped: ``orbit.tasks``, ``orbit.queues``, ``orbit.schedules``, ``orbit.workflows``,
 ``orbit.instances``, ``orbit.subscriptions``, ``orbit.events``, ``orbit.workers``,
-``orbit.audit`` (namespaced) and ``orbit.admin``.
+``orbit.audit``, ``orbit.retention`` (namespaced) and ``orbit.admin``.
 ``base_url``/``api_key``/``namespace`` default to ``ORBIT_URL``/``ORBIT_KEY``/
 ``ORBIT_NAMESPACE``.
 """
@@ -21,7 +21,7 @@ import httpx
 
 from ._admin import AdminAPI
 from ._http import HttpTransport
-from ._operators import AuditAPI, WorkersAPI
+from ._operators import AuditAPI, RetentionAPI, WorkersAPI
 from ._queues import QueuesAPI
 from ._schedules import SchedulesAPI
 from ._subscriptions import EventsAPI, SubscriptionsAPI
@@ -86,6 +86,8 @@ class OrbitClient:
         """Connected worker sessions; an operator's close of one."""
         self.audit = AuditAPI(self._http, self._require_namespace)
         """The namespace's audit trail (needs ``admin``)."""
+        self.retention = RetentionAPI(self._http, self._require_namespace)
+        """The namespace's retention windows and purge progress (needs ``admin``)."""
         self.admin = AdminAPI(self._http)
         """Applications, namespaces, credentials, quotas."""
 

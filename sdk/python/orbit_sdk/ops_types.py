@@ -15,6 +15,7 @@ __all__ = [
     "AuditActor",
     "AuditEvent",
     "HeldAttempt",
+    "Retention",
     "WorkerInstance",
     "WorkerPage",
     "WorkerSession",
@@ -110,3 +111,16 @@ class AuditEvent(msgspec.Struct, kw_only=True):
     actor: AuditActor = msgspec.field(default_factory=AuditActor)
     request_id: str | None = None
     details: Any = None
+
+
+class Retention(msgspec.Struct, kw_only=True):
+    """A namespace's retention windows (None: that history is kept forever; for
+    ``idempotency_hours``: the server default) and the purge's progress."""
+
+    finished_tasks_days: int | None = None
+    events_days: int | None = None
+    audit_days: int | None = None
+    idempotency_hours: int | None = None
+    revision: int = 1
+    purged_total: int = 0
+    last_run_at: datetime | None = None

@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import httpx
 
 from ._admin import AdminAPI
-from ._operators import AuditAPI, WorkersAPI
+from ._operators import AuditAPI, RetentionAPI, WorkersAPI
 from ._queues import QueuesAPI
 from ._schedules import SchedulesAPI
 from ._subscriptions import EventsAPI, SubscriptionsAPI
@@ -243,6 +243,13 @@ class SyncAudit(_SyncGroup):
         return self._iterate(self._async.iter(**filters))
 
 
+class SyncRetention(_SyncGroup):
+    """Blocking ``client.retention``."""
+
+    get = _blocking(RetentionAPI.get)
+    put = _blocking(RetentionAPI.put)
+
+
 class SyncAdmin(_SyncGroup):
     """Blocking ``client.admin``."""
 
@@ -279,6 +286,7 @@ class SyncOrbitClient:
         self.events = SyncEvents(self._client.events, self._runner)
         self.workers = SyncWorkers(self._client.workers, self._runner)
         self.audit = SyncAudit(self._client.audit, self._runner)
+        self.retention = SyncRetention(self._client.retention, self._runner)
         self.admin = SyncAdmin(self._client.admin, self._runner)
 
     def __repr__(self) -> str:
