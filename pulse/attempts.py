@@ -62,6 +62,7 @@ from pulse.attempt_rules import (
     plan_report,
 )
 from pulse.store import attempts as store
+from pulse.store import tasks as task_store
 
 Row = dict[str, Any]
 #: A task change to record: (task row after, raw event type, event data).
@@ -98,7 +99,7 @@ async def lock_chain(
 
 
 async def reselect(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row:
-    row = await store.task_get(tx, namespace_id, task_id)
+    row = await task_store.task_get(tx, namespace_id, task_id)
     assert row is not None
     return row
 

@@ -38,6 +38,7 @@ from orbit.storage import Database, Tx
 from orbit.times import format_time, parse_time
 from pulse import transitions
 from pulse.errors import QueueQuotaExceeded, TaskNotFound, TaskStateConflict
+from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import rerun as store
 from pulse.store import tasks as task_store
@@ -168,7 +169,7 @@ async def _rerun_locked(
         tx, namespace_id, row["id"], row["revision"], extra, resolution, stamp
     )
     assert ok, "the task row is locked and finished"
-    await task_store.evidence_insert(
+    await attempt_store.evidence_insert(
         tx,
         {
             "namespace_id": namespace_id,

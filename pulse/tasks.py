@@ -33,6 +33,7 @@ from orbit.times import format_opt, format_time
 from pulse import transitions
 from pulse.errors import TaskNotFound, TaskStateConflict
 from pulse.progress import attempt_progress
+from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import tasks as store
 from pulse.store import watchdog as watchdog_store
@@ -193,8 +194,8 @@ async def list_attempts(db: Database, namespace_id: bytes, task_id: str) -> dict
     async def run(tx: Tx) -> dict[str, Any]:
         if await store.task_get(tx, namespace_id, tid) is None:
             raise TaskNotFound()
-        attempts = await store.attempt_list_for_task(tx, namespace_id, tid)
-        evidence = await store.evidence_list_for_task(tx, namespace_id, tid)
+        attempts = await attempt_store.attempt_list_for_task(tx, namespace_id, tid)
+        evidence = await attempt_store.evidence_list_for_task(tx, namespace_id, tid)
         by_attempt: dict[bytes, list[dict[str, Any]]] = {}
         for e in evidence:
             by_attempt.setdefault(e["attempt_id"], []).append(evidence_view(e))
@@ -234,6 +235,25 @@ def _owner_ids(rows: Iterable[dict[str, Any]]) -> list[bytes]:
     return sorted({r["owner_id"] for r in rows})
 
 
+async def _release_offer(tx: Tx, namespace_id: bytes, attempt_id: bytes, now: datetime) -> None:
+    """The offer of a cancelled LEASED task is RELEASED, so its later start is denied. The
+    attempt is locked after its task (the lock order) and released under its revision."""
+    attempt = await attempt_store.attempt_lock(tx, namespace_id, attempt_id)
+    if attempt is None or attempt["state"] != "OFFERED":
+        return
+    ok = await attempt_store.attempt_release_if_offered(
+        tx,
+        {
+            "namespace_id": namespace_id,
+            "id": attempt_id,
+            "now": now,
+            "error": CANCELLED_ERROR,
+            "revision": attempt["revision"],
+        },
+    )
+    assert ok, "the attempt row is locked"
+
+
 async def _cancel_locked(
     tx: Tx, namespace_id: bytes, rows: list[dict[str, Any]], now: datetime
 ) -> tuple[list[dict[str, Any]], list[tuple[bytes, bytes]], dict[bytes, dict[str, Any]]]:
@@ -250,9 +270,7 @@ async def _cancel_locked(
             )
             assert ok, "the task row is locked"
             if state == "LEASED" and row["current_attempt_id"] is not None:
-                await store.attempt_release_if_offered(
-                    tx, namespace_id, row["current_attempt_id"], CANCELLED_ERROR, now
-                )
+                await _release_offer(tx, namespace_id, row["current_attempt_id"], now)
             u, r, a = transitions.usage_delta(state, "CANCELLED")
             d = deltas.setdefault((row["queue_id"], row["owner_id"]), [0, 0, 0])
             d[0] += u
@@ -561,7 +579,7 @@ async def resolve_task(
             tx, namespace_id, row["queue_id"], u, r, a, owner_id=row["owner_id"]
         )
         latest = await store.attempt_latest_for_task(tx, namespace_id, tid)
-        await store.evidence_insert(
+        await attempt_store.evidence_insert(
             tx,
             {
                 "namespace_id": namespace_id,

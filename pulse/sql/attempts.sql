@@ -8,17 +8,6 @@
 -- the rows are locked. Every query filters namespace_id first, except the allow-listed
 -- recovery scan attempt_list_expired (cross-namespace, on ix_pulse_attempts_lease).
 
--- name: task_get
-SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
-  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
-  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
-  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
-  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
-  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
-  finished_at, revision
-FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND id = %(id)s
-
 -- name: task_lock
 -- Lock order: after the application's and the queue's usage rows, before the attempt.
 SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
@@ -31,17 +20,6 @@ SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version,
 FROM pulse_tasks
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 FOR UPDATE
-
--- name: task_get_many
-SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, pipeline_version, dedup_key,
-  payload, priority, available_at, dispatch_at, deadline_at, max_attempts,
-  retry_backoff_initial_ms, retry_backoff_max_ms, retry_backoff_multiplier, retry_safe,
-  concurrency_key, concurrency_key_digest, state, state_version, attempts, current_attempt_id,
-  session_id, lease_expires_at, cancel_requested, effect_uncertain, result, error, resolution,
-  source_kind, source_id, stuck_at, stuck_reason, created_at, state_changed_at, started_at,
-  finished_at, revision
-FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
 
 -- name: task_due_peek
 -- Cheap probe (no lock) before the dispatcher locks anything: the owners of the first due
@@ -233,12 +211,14 @@ ORDER BY lease_expires_at
 LIMIT %(limit)s
 
 -- name: attempt_list_for_task
+-- An offer released unstarted keeps its generation for the next offer, so a generation may
+-- appear on several attempts (at most one of them started): offer time breaks the tie.
 SELECT namespace_id, id, task_id, generation, session_id, state, execution_token_digest,
   concurrency_token, lease_expires_at, offered_at, started_at, finished_at, result, error,
-  retryable, revision
+  retryable, progress, progress_at, revision
 FROM pulse_attempts
 WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
-ORDER BY generation, offered_at
+ORDER BY generation, offered_at, id
 
 -- name: evidence_insert
 INSERT INTO pulse_attempt_evidence

@@ -1,5 +1,6 @@
 -- Tasks (pulse_tasks) on the producer/operator side: submit, read, list, cancel, resolve,
--- deadline expiry; plus the attempt and evidence reads and writes those need.
+-- deadline expiry. The attempt and evidence rows they touch are read and written by the
+-- queries of attempts.sql.
 -- Every query on a runtime table filters namespace_id first, except the documented
 -- cross-namespace background scan task_expire_candidates.
 -- {cols} in a query stands for the task_columns block (expanded when loaded).
@@ -145,15 +146,6 @@ SET cancel_requested = 1,
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
   AND state = 'RUNNING' AND cancel_requested = 0
 
--- name: attempt_release_if_offered
--- The offer of a cancelled LEASED task: its later start must be denied.
-UPDATE pulse_attempts
-SET state = 'RELEASED',
-  finished_at = %(now)s,
-  error = %(error)s,
-  revision = revision + 1
-WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'OFFERED'
-
 -- name: task_resolve_retry_if_review
 -- NEEDS_REVIEW → WAITING (one more attempt at least): history kept, uncertainty resolved.
 UPDATE pulse_tasks
@@ -227,34 +219,11 @@ SET state = 'FAILED',
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)s
   AND state = 'WAITING'
 
--- name: attempt_list_for_task
--- An offer released unstarted keeps its generation for the next offer, so a generation may
--- appear on several attempts (at most one of them started): offer time breaks the tie.
-SELECT namespace_id, id, task_id, generation, session_id, state, concurrency_token,
-  lease_expires_at, offered_at, started_at, finished_at, result, error, retryable, progress,
-  progress_at
-FROM pulse_attempts
-WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
-ORDER BY generation, offered_at, id
-
 -- name: attempt_latest_for_task
 SELECT id, generation FROM pulse_attempts
 WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 ORDER BY generation DESC, offered_at DESC, id DESC
 LIMIT 1
-
--- name: evidence_list_for_task
-SELECT namespace_id, id, attempt_id, task_id, kind, result, data, created_at
-FROM pulse_attempt_evidence
-WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
-ORDER BY created_at, id
-
--- name: evidence_insert
-INSERT INTO pulse_attempt_evidence
-  (namespace_id, id, attempt_id, task_id, kind, result, data, created_at)
-VALUES
-  (%(namespace_id)s, %(id)s, %(attempt_id)s, %(task_id)s, %(kind)s, %(result)s, %(data)s,
-   %(now)s)
 
 -- name: clock_now
 SELECT COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS now

@@ -22,22 +22,9 @@ Row = dict[str, Any]
 # -- tasks (worker-side transitions) ---------------------------------------------------------
 
 
-async def task_get(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
-    return await tx.fetchone(Q.task_get, {"namespace_id": namespace_id, "id": task_id})
-
-
 async def task_lock(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
     """Lock (FOR UPDATE) and return the task row."""
     return await tx.fetchone(Q.task_lock, {"namespace_id": namespace_id, "id": task_id})
-
-
-async def task_get_many(tx: Tx, namespace_id: bytes, task_ids: Sequence[bytes]) -> dict[bytes, Row]:
-    if not task_ids:
-        return {}
-    rows = await tx.fetchall(
-        Q.task_get_many, {"namespace_id": namespace_id, "ids": tuple(task_ids)}
-    )
-    return {r["id"]: r for r in rows}
 
 
 async def task_due_peek(
@@ -207,6 +194,8 @@ async def attempt_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> 
 
 
 async def evidence_insert(tx: Tx, row: Row) -> None:
+    """Insert one evidence row (keys: namespace_id, id, attempt_id, task_id, kind, result,
+    data, now)."""
     await tx.execute(Q.evidence_insert, row)
 
 

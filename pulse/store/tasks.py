@@ -1,5 +1,6 @@
-"""SQL for tasks on the producer/operator side (submit, read, list, cancel, resolve, expire)
-and the attempt/evidence rows those need. Queries live in ``pulse/sql/tasks.sql``.
+"""SQL for tasks on the producer/operator side (submit, read, list, cancel, resolve, expire).
+Queries live in ``pulse/sql/tasks.sql``; the attempt and evidence rows are
+:mod:`pulse.store.attempts`'s.
 
 Rows are dicts with the columns of the ``task_columns`` block. Guarded updates return a
 bool: False means the guard (revision and state) no longer held.
@@ -181,17 +182,6 @@ async def task_request_cancel_if_running(
     return n == 1
 
 
-async def attempt_release_if_offered(
-    tx: Tx, namespace_id: bytes, attempt_id: bytes, error: str, now: datetime
-) -> bool:
-    """OFFERED → RELEASED. False: the attempt is not OFFERED (started, released, gone)."""
-    n = await tx.execute(
-        Q.attempt_release_if_offered,
-        {"namespace_id": namespace_id, "id": attempt_id, "error": error, "now": now},
-    )
-    return n == 1
-
-
 async def task_resolve_retry_if_review(
     tx: Tx, namespace_id: bytes, task_id: bytes, revision: int, resolution: str, now: datetime
 ) -> bool:
@@ -271,28 +261,10 @@ async def task_fail_deadline_if_waiting(
     return n == 1
 
 
-async def attempt_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> list[Row]:
-    return await tx.fetchall(
-        Q.attempt_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
-    )
-
-
 async def attempt_latest_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
     return await tx.fetchone(
         Q.attempt_latest_for_task, {"namespace_id": namespace_id, "task_id": task_id}
     )
-
-
-async def evidence_list_for_task(tx: Tx, namespace_id: bytes, task_id: bytes) -> list[Row]:
-    return await tx.fetchall(
-        Q.evidence_list_for_task, {"namespace_id": namespace_id, "task_id": task_id}
-    )
-
-
-async def evidence_insert(tx: Tx, row: Row) -> None:
-    """Insert one evidence row (keys: namespace_id, id, attempt_id, task_id, kind, result,
-    data, now)."""
-    await tx.execute(Q.evidence_insert, row)
 
 
 # ---- retention purge (pulse.task_purge) --------------------------------------------------
