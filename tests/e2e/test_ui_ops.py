@@ -166,3 +166,27 @@ async def test_rerun_a_cancelled_task_from_its_page(
     after = t.task(task["id"])
     assert after["state"] == "WAITING" and after["resolution"]["note"] == "cancelled by mistake"
     await expect(page.get_by_text("Re-run…")).to_have_count(0)
+
+
+async def test_retention_view_shows_and_saves_the_windows(
+    console: Console, server: ConsoleServer, db: Database
+) -> None:
+    t = await bootstrap(server, db)
+    page = console.page
+    await console.login(t.key, t.ns)
+    await page.get_by_role("link", name="Retention").click()
+    facts = page.locator("#view dl.facts")
+    await expect(facts).to_contain_text("kept forever")
+    await expect(facts).to_contain_text("Rows purged")
+    await page.get_by_label("Events (days)", exact=True).fill("14")
+    await page.get_by_label("Audit events (days)").fill("90")
+    await page.get_by_role("button", name="Save windows").click()
+    status = page.locator("#view p[role=status]")
+    await expect(status).to_contain_text("Saved (revision 2)")
+    await expect(facts).to_contain_text("14 days")
+    await console.shot("ops-retention")
+    assert t.http.get(t.path("retention")).json()["audit_days"] == 90
+    await page.get_by_label("Audit events (days)").fill("3")
+    await page.get_by_role("button", name="Save windows").click()
+    await expect(status).to_contain_text("400 invalid_request")
+    assert t.http.get(t.path("retention")).json()["audit_days"] == 90

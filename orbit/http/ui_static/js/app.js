@@ -5,6 +5,7 @@ import { clear, h } from "./dom.js";
 import { createPoller } from "./poller.js";
 import { errorPanel } from "./widgets.js";
 import * as audit from "./views/audit.js";
+import * as retention from "./views/retention.js";
 import * as events from "./views/events.js";
 import * as queues from "./views/queues.js";
 import * as review from "./views/review.js";
@@ -45,6 +46,7 @@ const ROUTES = [
   { match: /^events$/, view: events, nav: "events" },
   { match: /^workers$/, view: workers, nav: "workers" },
   { match: /^audit$/, view: audit, nav: "audit" },
+  { match: /^retention$/, view: retention, nav: "retention" },
 ];
 
 function parseHash() {
