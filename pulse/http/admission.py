@@ -8,6 +8,11 @@ flood, and floods of one tenant must not slow another down:
   1,000, at least ``4 × max_concurrency``) with a burst of ``frame_burst`` (2,000, at least
   ``4 × max_concurrency``). A stream that exceeds it gets an ``error`` frame
   ``rate_limited`` and is closed with 1008 (policy violation); the session stays usable.
+* **Error budget, per stream.** A worker's frames are well formed and name its own attempts;
+  a stream whose frames keep being refused as malformed, too large or naming attempts that
+  do not exist (``invalid_request``, ``payload_too_large``, ``not_found``) more than
+  ``error_rate`` a second (default 20, bursts of ``error_burst``, 100) gets ``rate_limited``
+  and is closed with 1008.
 * **Heartbeat budget, per session.** Heartbeats are the only frames a worker sends on its
   own clock, and each one is a locking transaction: at most ``20 + 2 × max_concurrency`` at
   once, refilled at ``(4 + 2 × max_concurrency)`` per ``heartbeat_ms`` (at least 2 a second).
@@ -63,6 +68,10 @@ class AdmissionSettings:
     frame_rate: int = 1_000
     #: Frames one stream may send at once (raised to 4 × max_concurrency).
     frame_burst: int = 2_000
+    #: Refused frames (malformed, too large, unknown attempt) a second one stream may send.
+    error_rate: int = 20
+    #: Refused frames one stream may send at once.
+    error_burst: int = 100
     #: Worker frames handled at once on a node, over all streams.
     frame_slots: int = 2_048
     #: Most of them one application may hold while others wait (percent).
@@ -77,6 +86,11 @@ def frame_bucket(settings: AdmissionSettings, info: SessionInfo) -> TokenBucket:
     """The frame budget of one stream of the session."""
     floor = 4 * info.max_concurrency
     return TokenBucket(max(settings.frame_rate, floor), max(settings.frame_burst, floor))
+
+
+def error_bucket(settings: AdmissionSettings) -> TokenBucket:
+    """The error budget of one stream."""
+    return TokenBucket(max(1, settings.error_rate), max(1, settings.error_burst))
 
 
 def heartbeat_bucket(info: SessionInfo) -> TokenBucket:
@@ -119,8 +133,8 @@ class Admission:
         )
 
     def refused(self, reason: str) -> None:
-        """Count a refusal (``frame_budget``, ``heartbeat_budget``, ``attempt_ids``,
-        ``progress``, ``cooling_down``)."""
+        """Count a refusal (``frame_budget``, ``error_budget``, ``heartbeat_budget``,
+        ``attempt_ids``, ``progress``, ``cooling_down``)."""
         if self._refused is not None:
             self._refused.inc(reason=reason)
 

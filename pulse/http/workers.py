@@ -31,6 +31,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from orbit.audit import Actor
 from orbit.errors import (
     InvalidRequest,
+    NotFound,
     OrbitError,
     PayloadTooLarge,
     RateLimited,
@@ -56,7 +57,13 @@ from pulse import attempts, effects, sessions, wire
 from pulse.batcher import WorkerBatches
 from pulse.dispatch import Dispatcher
 from pulse.errors import AttemptNotFound
-from pulse.http.admission import CLOSE_POLICY, admission_of, check_attempt_ids, frame_bucket
+from pulse.http.admission import (
+    CLOSE_POLICY,
+    admission_of,
+    check_attempt_ids,
+    error_bucket,
+    frame_bucket,
+)
 from pulse.hub import (
     CLOSE_REPLACED,
     CLOSE_SESSION_GONE,
@@ -284,6 +291,10 @@ async def stream(ws: WebSocket) -> None:
         await _unbind(ctx, hub, conn)
 
 
+#: Refusals a worker's own frames never earn: they count against the stream's error budget.
+REFUSED_FRAMES = (InvalidRequest, PayloadTooLarge, NotFound)
+
+
 class _StreamReader:
     """Receives frames and answers each in its own task (at most MAX_INFLIGHT_FRAMES)."""
 
@@ -300,6 +311,7 @@ class _StreamReader:
         # share of the node's frame handling.
         self._admission = admission_of(ctx)
         self._budget = frame_bucket(self._admission.settings, self.info)
+        self._errors = error_bucket(self._admission.settings)
         self._tenant_slots = self._admission.tenant_slots(self.info.application_id)
         self._keyed = KeyedWaitingCheck(conn.info, conn.queues, hub.settings.keyed_check_ms)
 
@@ -363,6 +375,9 @@ class _StreamReader:
         if reason == "frame_budget":
             self._admission.refused(reason)
             wait = self._budget.retry_after_s(self._budget_refill())
+        elif reason == "error_budget":
+            self._admission.refused(reason)
+            wait = self._errors.retry_after_s(float(self._errors.rate))
         else:
             wait = self._admission.heartbeat_retry_s(self.info)
         path = self.conn.websocket.path_params
@@ -404,6 +419,9 @@ class _StreamReader:
             )
             await self.conn.close(CLOSE_SESSION_GONE, "session_expired")
         except OrbitError as exc:
+            if isinstance(exc, REFUSED_FRAMES) and not self._errors.take():
+                await self._over_budget("error_budget", ref)
+                return
             await _audit_report_failure(self.conn.websocket, self.info, frame, exc)
             await self.conn.send(_error_frame(self.ctx, exc, ref))
         except StorageError as exc:

@@ -136,3 +136,27 @@ async def test_a_stream_closed_for_its_budget_cools_down(live, client, tenant) -
     async with websockets.connect(url, additional_headers=headers) as ws:
         reply = await Worker(ws).call("heartbeat", attempt_ids=[])
         assert reply["type"] == "heartbeat_ok", reply
+
+
+async def test_a_stream_of_refused_frames_is_closed_with_1008(live, client, tenant) -> None:
+    """Before: malformed frames and frames naming unknown attempts were answered one by one
+    up to the frame budget (1,000 a second, some of them a database round each). A worker
+    never sends those: past the error budget the stream is closed with 1008."""
+    live.ctx.extras[ADMISSION_KEY] = Admission(
+        AdmissionSettings(error_rate=5, error_burst=20), metrics=live.ctx.metrics
+    )
+    t = await tenant()
+    created = (await open_session(client, t, max_concurrency=1)).json()
+    async with websockets.connect(
+        stream_url(live, t, created["session_id"]),
+        additional_headers=bearer(created["session_token"]),
+    ) as ws:  # fmt: skip
+        for i in range(200):
+            await ws.send(json.dumps({"type": "start", "msg_id": f"s{i}", "attempt_id": "0" * 32})
+                          if i % 2 else "{not json")  # fmt: skip
+        code, frames = await _closed_with(ws, 20)
+    assert code == 1008
+    assert frames[-1]["type"] == "error" and frames[-1]["code"] == "rate_limited"
+    assert sum(f["type"] == "error" for f in frames) <= 20 + 5 + 32  # burst, refill, in flight
+    counter = live.ctx.metrics.counter("pulse_worker_frames_refused_total", "", ("reason",))
+    assert counter.value(reason="error_budget") >= 1

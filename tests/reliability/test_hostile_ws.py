@@ -40,7 +40,7 @@ from reliability_support import (
 )
 from reliability_support import log_dir as log_dir
 from reliability_support import server as server  # fixtures
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from orbit.storage import DSN
 from pulse.sessions import WorkerSettings
@@ -104,10 +104,17 @@ class Prober:
         self.replies: dict[str, int] = {}
         self.closes: dict[int, int] = {}
         self.problems: list[str] = []
+        self.cool_downs = 0
 
     def _conn(self) -> Any:
-        if self.ws is None:
-            self.ws = ws_connect(self.server, self.session)
+        while self.ws is None:
+            try:
+                self.ws = ws_connect(self.server, self.session)
+            except InvalidStatus as exc:  # a stream closed for its budget cools down first
+                if exc.response.status_code != 429:
+                    raise
+                self.cool_downs += 1
+                time.sleep(float(exc.response.headers.get("Retry-After", "1")))
         return self.ws
 
     def send(self, kind: str, data: str | bytes) -> None:
