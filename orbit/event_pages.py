@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from orbit.events import ResultEvent, result_event_from_row
 from orbit.pagination import MAX_LIMIT, MAX_PAGE_BYTES
@@ -28,14 +28,21 @@ async def page_result_events(
     limit: int,
     queues: Collection[str] | None = None,
     max_bytes: int = MAX_PAGE_BYTES,
+    charge: Callable[[int], None] | None = None,
 ) -> tuple[list[ResultEvent], int, bool]:
-    """(the events of the page, the last seq looked at, whether more may follow)."""
+    """(the events of the page, the last seq looked at, whether more may follow).
+    ``charge(bytes)`` is called with the page's bytes before they are read (it may refuse:
+    orbit/list_bytes.py)."""
+    total = 0
 
     async def read(tx: Tx, seqs: list[int]) -> list[ResultEvent]:
+        if charge is not None:
+            charge(total)
         rows = await store.result_event_get_many(tx, namespace_id, seqs)
         return [result_event_from_row(r) for r in rows]
 
     async def run(tx: Tx) -> tuple[list[ResultEvent], int, bool]:
+        nonlocal total
         chosen: list[int] = []
         total, last = 0, after
         budget = limit * (1 if queues is None else SCAN_FACTOR)

@@ -21,6 +21,10 @@ class Settings:
     #: Most bytes of stored JSON one list page carries (docs/api/conventions.md#lists); a page
     #: that reaches it ends early with a ``next_cursor``.
     max_page_bytes: int = 4 * MiB
+    #: Bytes of list pages one application may read from a node per second, and at once
+    #: (orbit/list_bytes.py); past it → 429 ``rate_limited``.
+    list_bytes_per_s: int = 8 * MiB
+    list_bytes_burst: int = 32 * MiB
     #: Deepest accepted JSON request body (the body object is level 1); deeper → 400.
     max_json_depth: int = 32
     #: How long an Idempotency-Key is remembered (default 24 h,

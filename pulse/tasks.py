@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -85,10 +85,12 @@ async def list_tasks(
     cursor: str | None = None,
     stuck: bool | None = None,
     max_bytes: int = pagination.MAX_PAGE_BYTES,
+    charge: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Tasks oldest first (``created_at``, ``id``), filtered; ``{"items", "next_cursor"}``.
     A page holds at most ``max_bytes`` of stored JSON (at least one task): it is sized first
-    and only its rows are read (orbit/pagination.py).
+    and only its rows are read (orbit/pagination.py); ``charge(bytes)`` is called with the
+    page's bytes before they are read (it may refuse: orbit/list_bytes.py).
 
     The cursor is bound to the filters: reusing it with other filters is a 400. An unknown
     queue name matches nothing (empty page); an invalid state or owner id is a 400.
@@ -139,6 +141,8 @@ async def list_tasks(
             sized = await watchdog_store.task_list_sizes(tx, {**params, "stuck": int(stuck)})
         keys = sized[: pagination.fitting((int(r["page_bytes"] or 0) for r in sized[:limit]),
                                           max_bytes)]  # fmt: skip
+        if charge is not None:
+            charge(sum(int(k["page_bytes"] or 0) for k in keys))
         found = await store.task_get_many(tx, namespace_id, [k["id"] for k in keys])
         rows = [found[k["id"]] for k in keys if k["id"] in found]
         next_cursor = None

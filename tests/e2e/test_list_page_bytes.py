@@ -99,3 +99,31 @@ async def test_event_pages_stop_at_the_byte_budget(
     _, key = await add_key(db, t, ["events.read"], queues=["qx"])
     limited = await _pages(client, url, bearer(key))
     assert [[e["seq"] for e in p] for p in limited] == [[1, 3, 5], [7]]
+
+
+async def test_list_bytes_are_budgeted_per_application(db: Database) -> None:
+    """A tenant reading big pages in a loop kept the node busy encoding them while every
+    other tenant waited; now each application has a budget of list bytes per node (429
+    ``rate_limited`` past it, having read nothing), and small pages cost next to nothing."""
+    app = make_app(db, pulse.http.routes(), max_page_bytes=BUDGET, list_bytes_per_s=1,
+                   list_bytes_burst=20_000)  # fmt: skip
+    async with asgi_client(app) as client:
+        heavy, light = await new_tenant(db), await new_tenant(db)
+        for t in (heavy, light):
+            ns = f"/v1/namespaces/{t.namespace}"
+            assert (await client.put(f"{ns}/queues/q", json={}, headers=t.auth)).status_code == 201
+        ns = f"/v1/namespaces/{heavy.namespace}"
+        for _ in range(3):
+            r = await client.post(f"{ns}/tasks", headers=heavy.auth,
+                                  json={"queue": "q", "kind": "k", "payload": {"b": BLOB}})  # fmt: skip
+            assert r.status_code == 201, r.text
+        statuses = [(await client.get(f"{ns}/tasks", headers=heavy.auth)).status_code
+                    for _ in range(3)]  # fmt: skip
+        assert statuses[:2] == [200, 200] and statuses[2] == 429, statuses
+        r = await client.get(f"{ns}/tasks", headers=heavy.auth)
+        assert r.json()["error"]["code"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
+        r = await client.get(f"/v1/namespaces/{heavy.namespace}/events", headers=heavy.auth)
+        assert r.status_code == 200  # no result events: an empty page costs nothing
+        other = f"/v1/namespaces/{light.namespace}"
+        for _ in range(5):
+            assert (await client.get(f"{other}/tasks", headers=light.auth)).status_code == 200

@@ -1,0 +1,62 @@
+"""A node's budget of list bytes per application: how fast one tenant may read stored JSON
+(payloads, results, errors) through list pages (``GET …/tasks``, ``GET …/events``).
+
+A page is bounded in bytes (orbit/pagination.py), but a tenant asking for 4 MiB pages in a
+loop still keeps the node busy encoding and sending them, and every other tenant's requests
+wait behind that work. Each application has a token bucket of bytes per node
+(``settings.list_bytes_per_s``, default 8 MiB a second, bursts of
+``settings.list_bytes_burst``, 32 MiB): a page is charged its bytes after it is sized and
+before its rows are read; a page the bucket cannot pay is 429 ``rate_limited`` with
+``Retry-After``, having read nothing. Pages of small items cost next to nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from orbit.errors import RateLimited
+from orbit.ratelimit import BucketMap, TokenBucket
+
+LIST_BYTES_KEY = "orbit.list_bytes"
+
+
+class ListBytes:
+    """The buckets of list bytes of every application on this node."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = max(1.0, float(rate))
+        self.burst = max(1.0, float(burst))
+        self._buckets = BucketMap(lambda: TokenBucket(self.rate, self.burst), max_keys=100_000)
+
+    def charge(self, application_id: bytes, nbytes: int) -> None:
+        """Spend ``nbytes`` of the application's budget (a page larger than the burst costs
+        the whole burst); 429 ``rate_limited`` when it cannot pay."""
+        if nbytes <= 0:
+            return
+        cost = min(float(nbytes), self.burst)
+        bucket = self._buckets.get(application_id)
+        if not bucket.take(cost):
+            raise RateLimited(
+                "this application reads list pages faster than the node allows: retry after "
+                "Retry-After or ask for fewer bytes (smaller limit)",
+                retry_after=math.ceil(bucket.retry_after_s(cost)),
+                reason="list_bytes",
+            )
+
+
+    def charge_for(self, application_id: bytes) -> Callable[[int], None]:
+        """:meth:`charge` for one application (what list services take as ``charge``)."""
+        return lambda nbytes: self.charge(application_id, nbytes)
+
+
+def list_bytes_of(ctx: Any) -> ListBytes:
+    """The node's :class:`ListBytes` (made on first use from ``ctx.settings``)."""
+    budget = ctx.extras.get(LIST_BYTES_KEY)
+    if not isinstance(budget, ListBytes):
+        settings = ctx.settings
+        budget = ctx.extras[LIST_BYTES_KEY] = ListBytes(
+            settings.list_bytes_per_s, settings.list_bytes_burst
+        )
+    return budget
