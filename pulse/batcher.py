@@ -261,16 +261,31 @@ class SubmitBatches:
     in the next transaction (:func:`pulse.submit.submit_round`), each answered with its own
     status. ``ORBIT_PULSE_GROUP_COMMIT=0`` turns it off."""
 
-    def __init__(self, db: Any, *, max_batch: int | None = None, enabled: bool | None = None):
+    def __init__(
+        self,
+        db: Any,
+        *,
+        max_batch: int | None = None,
+        enabled: bool | None = None,
+        hub: Any = None,
+    ):
         from pulse import submit
+        from pulse.submit_offer import IdleOffer
 
         if enabled is None:
             enabled = os.environ.get("ORBIT_PULSE_GROUP_COMMIT", "1") != "0"
         if max_batch is None:
             max_batch = int(os.environ.get("ORBIT_PULSE_BATCH_MAX", "64"))
         self.enabled = enabled
+        #: With this node's hub: new tasks offered in the submit to sessions waiting here
+        #: (pulse/submit_offer.py; ``ORBIT_PULSE_SUBMIT_OFFER=0`` turns it off).
+        self.offer = (
+            IdleOffer(hub)
+            if hub is not None and os.environ.get("ORBIT_PULSE_SUBMIT_OFFER", "1") != "0"
+            else None
+        )
         self.singles: GroupCommit[int, tuple[bytes, bytes, Any], Any] = GroupCommit(
-            lambda _group, items: submit.submit_round(db, items),
+            lambda _group, items: submit.submit_round(db, items, offer=self.offer),
             max_batch=max_batch if enabled else 1,
             name="submits",
         )

@@ -24,6 +24,7 @@ from pulse.errors import QueueQuotaExceeded
 from pulse.store import queues as queue_store
 from pulse.submit import submit_in_tx
 from pulse.submit_items import MAX_BATCH, ItemResult, Submitted, decode_item, prepare, task_body
+from pulse.submit_offer import IdleOffer, Offered
 from pulse.submit_rows import _FreshViews
 from pulse.types import TaskSubmit
 
@@ -121,7 +122,11 @@ SubmitItem = tuple[bytes, bytes, "SingleSubmit"]
 
 
 async def submit_round(
-    db: Database, items: Sequence[SubmitItem], *, now: datetime | None = None
+    db: Database,
+    items: Sequence[SubmitItem],
+    *,
+    now: datetime | None = None,
+    offer: IdleOffer | None = None,
 ) -> list[Submitted | OrbitError]:
     """The single submits that reached this node while the previous round ran, of every
     namespace and owner, in ONE transaction (group commit, pulse/batcher.py); per item, in
@@ -140,6 +145,10 @@ async def submit_round(
     group (application rows in id order, each followed by its namespace's queue rows: an
     application's row always comes before its namespaces' queue rows, as in every other
     transaction), then the identities, the inserts and the counters.
+
+    With ``offer`` (this node's hub), a new task that a session waiting on this node can
+    take is offered in the same transaction (pulse/submit_offer.py) and pushed after COMMIT;
+    its answer is the task as leased.
     """
     out: list[Submitted | OrbitError | None] = [None] * len(items)
     groups: dict[tuple[bytes, bytes], list[int]] = {}
@@ -162,8 +171,16 @@ async def submit_round(
             now=now,
         )
 
-    async def run(tx: Tx) -> list[tuple[int, Submitted | OrbitError]]:
+    async def run(tx: Tx) -> tuple[list[tuple[int, Submitted | OrbitError]], Offered]:
         per_group = await tx.pipeline(*(group(tx, o, n, groups[(o, n)]) for o, n in order))
+        offered = Offered()
+        if offer is not None:
+            for (owner, ns), results in zip(order, per_group, strict=True):
+                fresh = [r.row for r in results if r.status == 201 and r.row is not None]
+                if fresh:
+                    got = await offer.offer_in_tx(tx, ns, owner, fresh, now)
+                    offered.pushes.extend(got.pushes)
+                    offered.rows.update(got.rows)
         answers: list[tuple[int, Submitted | OrbitError]] = []
         audits: list[Coroutine[Any, Any, None]] = []
         for key, results in zip(order, per_group, strict=True):
@@ -175,18 +192,26 @@ async def submit_round(
                     continue
                 assert res.row is not None
                 work: frozenset[bytes] = frozenset()
+                row = res.row
                 if res.status == 201:
-                    work = frozenset({res.row["queue_id"]})
-                    audits.append(_audit(tx, item.actor, ns, res.row["id"], 201, {},
+                    leased = offered.rows.get(row["id"])
+                    if leased is None:  # left WAITING: the dispatcher is woken for it
+                        work = frozenset({row["queue_id"]})
+                    else:
+                        row = leased
+                    audits.append(_audit(tx, item.actor, ns, row["id"], 201, {},
                                          item.request_id))  # fmt: skip
-                body = _REPLY_ENCODER.encode(task_body(res.row, deduplicated=res.deduplicated))
+                body = _REPLY_ENCODER.encode(task_body(row, deduplicated=res.deduplicated))
                 answers.append((i, Submitted(Reply(res.status, body, False), work)))
         await tx.pipeline(*audits)  # every item's audit record in one round trip
-        return answers
+        return answers, offered
 
     if groups:
-        for i, answer in await db.transaction(run):
+        answers, offered = await db.transaction(run)
+        for i, answer in answers:
             out[i] = answer
+        if offer is not None and offered.pushes:
+            await offer.push(offered.pushes)
     return out  # type: ignore[return-value]
 
 

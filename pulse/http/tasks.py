@@ -40,6 +40,7 @@ from orbit.types import Action
 from pulse import submit, tasks
 from pulse.batcher import SubmitBatches
 from pulse.errors import TaskNotFound
+from pulse.hub import Hub
 from pulse.tasks import call_hub
 from pulse.types import BatchSubmit, CancelBulk, Resolve, TaskListFilters, TaskSubmit
 
@@ -73,7 +74,8 @@ def _require_queue_filter(principal: Principal, queue: str | None) -> None:
 def _submit_batches(ctx: Any) -> SubmitBatches:
     b = ctx.extras.get("pulse.submit_batches")
     if not isinstance(b, SubmitBatches):
-        b = SubmitBatches(ctx.db)
+        hub = ctx.extras.get(HUB_KEY)
+        b = SubmitBatches(ctx.db, hub=hub if isinstance(hub, Hub) else None)
         ctx.extras["pulse.submit_batches"] = b
     return b
 

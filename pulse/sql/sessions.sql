@@ -109,6 +109,32 @@ SET state = 'EXPIRED', closed_at = %(now)s, node_id = NULL, revision = revision 
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
   AND expires_at <= %(now)s
 
+-- name: session_lock_offer_skip_locked
+-- The waiting sessions a submit may offer its new task to (pulse/submit_offer.py), locked
+-- only when free: a submit holds usage rows already, and dispatch locks sessions before
+-- them, so a submit never waits for a session row (SKIP LOCKED: one being served is left).
+SELECT id, state, node_id, max_concurrency, expires_at
+FROM pulse_worker_sessions
+WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
+ORDER BY id
+FOR UPDATE SKIP LOCKED
+
+-- name: session_count_held_many
+-- Flow control of several sessions: the attempts each holds (offered or running).
+SELECT session_id, COUNT(*) AS n
+FROM pulse_attempts
+WHERE namespace_id = %(namespace_id)s AND session_id IN %(ids)s
+  AND state IN ('OFFERED', 'RUNNING')
+GROUP BY session_id
+
+-- name: session_queue_has_due_work
+-- Whether a queue has a due WAITING task other than ``ids`` (the tasks a submit just made):
+-- a submit offers its own task only when nothing older or more urgent is due.
+SELECT 1 FROM pulse_tasks
+WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
+  AND dispatch_at <= %(now)s AND id NOT IN %(ids)s
+LIMIT 1
+
 -- name: session_count_held
 -- Flow control: attempts the session holds (offered or running), on ix_pulse_attempts_session.
 SELECT COUNT(*) AS n

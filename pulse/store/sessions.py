@@ -6,6 +6,7 @@ rows as dicts. Guarded updates return a bool whose False meaning is in the docst
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -118,6 +119,39 @@ async def session_count_held(tx: Tx, namespace_id: bytes, session_id: bytes) -> 
         Q.session_count_held, {"namespace_id": namespace_id, "session_id": session_id}
     )
     return int(value or 0)
+
+
+async def session_lock_offer_skip_locked(
+    tx: Tx, namespace_id: bytes, session_ids: Sequence[bytes]
+) -> list[Row]:
+    """Lock the free ones of ``session_ids`` (SKIP LOCKED: a locked row is left out), in id
+    order; their state, node, capacity and expiry."""
+    return await tx.fetchall(
+        Q.session_lock_offer_skip_locked,
+        {"namespace_id": namespace_id, "ids": tuple(sorted(session_ids))},
+    )
+
+
+async def session_count_held_many(
+    tx: Tx, namespace_id: bytes, session_ids: Sequence[bytes]
+) -> dict[bytes, int]:
+    """OFFERED + RUNNING attempts of each session (absent: none)."""
+    rows = await tx.fetchall(
+        Q.session_count_held_many, {"namespace_id": namespace_id, "ids": tuple(session_ids)}
+    )
+    return {bytes(r["session_id"]): int(r["n"]) for r in rows}
+
+
+async def session_queue_has_due_work(
+    tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, exclude: Sequence[bytes]
+) -> bool:
+    """A due WAITING task of the queue other than ``exclude``."""
+    value = await tx.fetchval(
+        Q.session_queue_has_due_work,
+        {"namespace_id": namespace_id, "queue_id": queue_id, "now": now,
+         "ids": tuple(exclude)},
+    )  # fmt: skip
+    return value is not None
 
 
 async def session_list_held(

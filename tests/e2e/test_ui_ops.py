@@ -101,7 +101,7 @@ async def test_workers_page_and_close(
     sid, task_id = _running_worker(t, "jobs")
     page = console.page
     await console.login(t.key, t.ns)
-    await page.get_by_role("link", name="Workers").click()
+    await page.get_by_role("link", name="Workers", exact=True).click()
     row = page.locator("table.grid tbody tr").filter(has_text="ui-host (pid 77)")
     await expect(row).to_have_count(1)
     await expect(row).to_contain_text("ui-test/1")
@@ -127,7 +127,7 @@ async def test_audit_view_filters(console: Console, server: ConsoleServer, db: D
     assert t.http.delete(t.path("queues", "nope")).status_code == 404
     page = console.page
     await console.login(t.key, t.ns)
-    await page.get_by_role("link", name="Audit").click()
+    await page.get_by_role("link", name="Audit", exact=True).click()
     rows = page.locator("table.grid tbody tr")
     await expect(rows.filter(has_text="queues.pause")).to_have_count(1)
     await expect(rows.filter(has_text="queues.put").first).to_be_visible()
