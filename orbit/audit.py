@@ -71,7 +71,7 @@ def _resource(value: bytes | str | None) -> str | None:
 async def record(
     tx: Tx,
     *,
-    actor: Actor,
+    actor: Actor | None,
     action: str,
     resource_kind: str,
     resource_id: bytes | str | None = None,
@@ -81,12 +81,16 @@ async def record(
     request_id: str | None = None,
     details: dict[str, Any] | None = None,
     now: datetime | None = None,
-) -> bytes:
+) -> bytes | None:
     """Append one audit event in the caller's transaction; return its id.
 
     ``resource_id`` may be an id (bytes, stored as 32 hex) or a name. ``namespace_id`` is
     ZERO_ID for application-level and global actions. ``details`` must hold no secrets.
+    ``actor`` None: the service was called with no one acting (tests, tools calling it
+    directly), so nothing is recorded and None is returned.
     """
+    if actor is None:
+        return None
     event_id = new_id()
     await store.audit_insert(
         tx,

@@ -45,8 +45,8 @@ from typing import Any
 
 import msgspec
 
+from orbit import backoff, delivery_slots
 from orbit import delivery_ranges as dr
-from orbit import delivery_slots
 from orbit.errors import Conflict, InvalidRequest, NotFound, OrbitError
 from orbit.events import ResultEvent
 from orbit.ids import digest_matches, id_hex
@@ -94,9 +94,7 @@ class StaleProof(Conflict):
 
 def backoff_ms(attempts: int) -> int:
     """Delay before the next hand-out after the ``attempts``-th one failed (nack/expiry)."""
-    if attempts <= 1:
-        return BACKOFF_INITIAL_MS
-    return min(BACKOFF_MAX_MS, BACKOFF_INITIAL_MS * 2 ** min(attempts - 1, 30))
+    return backoff.backoff_ms(attempts, BACKOFF_INITIAL_MS, BACKOFF_MAX_MS)
 
 
 def after_failure(

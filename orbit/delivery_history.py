@@ -124,8 +124,11 @@ async def _add_budget_locked(
                 lease_expires_at=rng.lease_expires_at, budget=rng.budget + add, now=at,
             )  # fmt: skip
             await delivery_slots.write(tx, edits, now=at)
-            await _audit_budget(tx, actor, namespace_id, delivery_id, add, moved.budget,
-                                False, request_id, now)  # fmt: skip
+            await audit.record(
+                tx, actor=actor, action=BUDGET_ACTION, resource_kind="delivery",
+                resource_id=delivery_id, namespace_id=namespace_id, request_id=request_id,
+                details={"add": add, "budget": moved.budget, "revived": False}, now=now,
+            )  # fmt: skip
             return delivery_info(moved)
     if row.state == DeliveryState.ACKED:
         return delivery_info(row)
@@ -141,35 +144,12 @@ async def _add_budget_locked(
     )
     if not ok:
         raise Conflict("delivery changed concurrently", kind="cas")
-    await _audit_budget(tx, actor, namespace_id, delivery_id, add, row.budget + add, revive,
-                        request_id, now)  # fmt: skip
-    return delivery_info(await _reread(tx, row))
-
-
-async def _audit_budget(
-    tx: Tx,
-    actor: Actor | None,
-    namespace_id: bytes,
-    delivery_id: bytes,
-    add: int,
-    budget: int,
-    revived: bool,
-    request_id: str | None,
-    now: datetime | None,
-) -> None:
-    if actor is None:
-        return
     await audit.record(
-        tx,
-        actor=actor,
-        action=BUDGET_ACTION,
-        resource_kind="delivery",
-        resource_id=delivery_id,
-        namespace_id=namespace_id,
-        request_id=request_id,
-        details={"add": add, "budget": budget, "revived": revived},
-        now=now,
-    )
+        tx, actor=actor, action=BUDGET_ACTION, resource_kind="delivery",
+        resource_id=delivery_id, namespace_id=namespace_id, request_id=request_id,
+        details={"add": add, "budget": row.budget + add, "revived": revive}, now=now,
+    )  # fmt: skip
+    return delivery_info(await _reread(tx, row))
 
 
 async def get_delivery(db: Database, namespace_id: bytes, delivery_id: bytes) -> DeliveryRow:

@@ -29,13 +29,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from orbit import delivery_ranges as dr
 from orbit import delivery_slots
 from orbit.deliveries import DeliveryState, Leased, after_failure, backoff_ms
 from orbit.errors import Conflict, NotFound, OrbitError
-from orbit.events import ResultEvent, read_result_events
+from orbit.events import ResultEvent, read_result_events, result_event_from_row
 from orbit.ids import digest, id_hex, new_id, new_secret
 from orbit.rounds import NodeRound
 from orbit.storage import Database, Tx
@@ -186,7 +185,7 @@ async def _hand_out_rows(tx: Tx, sub: SubscriptionRow, room: int, now: datetime)
                 event_id=row.event_id,
                 attempt=row.attempts + 1,
                 lease_expires_at=lease_end,
-                event=_result_event(ev),
+                event=result_event_from_row(ev),
                 proof=proof,
             )
         )
@@ -277,24 +276,6 @@ async def _hand_out_range(
     STATS.created += len(out)  # counted before COMMIT: a rolled-back hand-out counts too
     STATS.ranges += 1 if out else 0
     return out, behind
-
-
-def _result_event(row: dict[str, Any]) -> ResultEvent:
-    return ResultEvent(
-        seq=int(row["seq"]),
-        event_id=bytes(row["event_id"]),
-        type=row["type"],
-        created_at=row["created_at"],
-        task_id=bytes(row["task_id"]),
-        queue=row["queue"],
-        kind=row["kind"],
-        owner_id=bytes(row["owner_id"]),
-        state=row["state"],
-        result=row["result"],
-        error=row["error"],
-        attempts=int(row["attempts"]),
-        finished_at=row["finished_at"],
-    )
 
 
 #: Most subscriptions one coalesced probe statement looks at.

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from orbit import business_json
+from orbit import backoff, business_json
 from orbit.ids import id_hex
 from orbit.times import format_time
 from pulse import transitions, wire
@@ -46,18 +46,15 @@ DEADLINE_ERROR = {
 def backoff_ms(task: Mapping[str, Any], attempts: int, retry_after_ms: int | None = None) -> int:
     """Delay before the next attempt after ``attempts`` attempts, by the task's frozen policy:
     ``min(max, initial × multiplier^(attempts-1))``, or ``retry_after_ms`` when larger."""
-    initial = int(task["retry_backoff_initial_ms"])
-    cap = int(task["retry_backoff_max_ms"])
-    mult = float(task["retry_backoff_multiplier"])
-    exponent = max(0, attempts - 1)
-    try:
-        delay = initial * mult**exponent
-    except OverflowError:
-        delay = float(cap)
-    value = int(min(float(cap), delay))
+    value = backoff.backoff_ms(
+        attempts,
+        int(task["retry_backoff_initial_ms"]),
+        int(task["retry_backoff_max_ms"]),
+        float(task["retry_backoff_multiplier"]),
+    )
     if retry_after_ms is not None and retry_after_ms > value:
         value = int(retry_after_ms)
-    return max(0, value)
+    return value
 
 
 def ms(value: int) -> timedelta:

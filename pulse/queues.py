@@ -259,9 +259,11 @@ async def put_queue(
                     raise
             else:
                 await store.usage_insert(tx, namespace_id, queue_id)
-                await _audit(
-                    tx, actor, namespace_id, name, 201, {"created": True}, request_id, stamp
-                )
+                await audit.record(
+                    tx, actor=actor, action="queues.put", resource_kind="queue",
+                    resource_id=name, status_code=201, namespace_id=namespace_id,
+                    request_id=request_id, details={"created": True}, now=stamp,
+                )  # fmt: skip
                 await transitions.record_queue_event(
                     tx,
                     namespace_id,
@@ -287,9 +289,10 @@ async def put_queue(
                 },
             )
             assert ok, "queue row is locked FOR UPDATE"
-            await _audit(
-                tx, actor, namespace_id, name, 200,
-                {"revision": int(row["revision"]) + 1}, request_id, stamp,
+            await audit.record(
+                tx, actor=actor, action="queues.put", resource_kind="queue", resource_id=name,
+                status_code=200, namespace_id=namespace_id, request_id=request_id,
+                details={"revision": int(row["revision"]) + 1}, now=stamp,
             )  # fmt: skip
             await transitions.record_queue_event(
                 tx,
@@ -305,32 +308,6 @@ async def put_queue(
         return PutResult(await _full_view(tx, namespace_id, row), False)
 
     return await db.transaction(run)
-
-
-async def _audit(
-    tx: Tx,
-    actor: Actor | None,
-    namespace_id: bytes,
-    name: str,
-    status: int,
-    details: dict[str, Any],
-    request_id: str | None,
-    now: datetime,
-) -> None:
-    if actor is None:
-        return
-    await audit.record(
-        tx,
-        actor=actor,
-        action="queues.put",
-        resource_kind="queue",
-        resource_id=name,
-        status_code=status,
-        namespace_id=namespace_id,
-        request_id=request_id,
-        details=details,
-        now=now,
-    )
 
 
 async def get_queue(db: Database, namespace_id: bytes, name: str) -> dict[str, Any]:

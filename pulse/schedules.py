@@ -320,33 +320,6 @@ async def _visible_row(
     return row
 
 
-async def _audit(
-    tx: Tx,
-    actor: Actor | None,
-    action: str,
-    namespace_id: bytes,
-    name: str,
-    status: int,
-    details: dict[str, Any],
-    request_id: str | None,
-    now: datetime,
-) -> None:
-    if actor is None:
-        return
-    await audit.record(
-        tx,
-        actor=actor,
-        action=action,
-        resource_kind="schedule",
-        resource_id=name,
-        status_code=status,
-        namespace_id=namespace_id,
-        request_id=request_id,
-        details=details,
-        now=now,
-    )
-
-
 # ------------------------------------------------------------------------------ publish
 
 
@@ -484,9 +457,10 @@ async def _published(
         {"name": row["name"], "version": version, "revision": int(row["revision"])},
         request_id, now=stamp,
     )  # fmt: skip
-    await _audit(
-        tx, actor, PUT_ACTION, ns, row["name"], status,
-        {"version": version, "revision": int(row["revision"])}, request_id, stamp,
+    await audit.record(
+        tx, actor=actor, action=PUT_ACTION, resource_kind="schedule", resource_id=row["name"],
+        status_code=status, namespace_id=ns, request_id=request_id,
+        details={"version": version, "revision": int(row["revision"])}, now=stamp,
     )  # fmt: skip
 
 
@@ -680,9 +654,10 @@ async def _set_paused(
         tx, ns, EVENT_PAUSED if paused else EVENT_RESUMED, "schedule", row["id"],
         {"name": row["name"], "control_revision": control}, request_id, now=stamp,
     )  # fmt: skip
-    await _audit(
-        tx, actor, PAUSE_ACTION if paused else RESUME_ACTION, ns, row["name"], 200,
-        {"control_revision": control}, request_id, stamp,
+    await audit.record(
+        tx, actor=actor, action=PAUSE_ACTION if paused else RESUME_ACTION,
+        resource_kind="schedule", resource_id=row["name"], namespace_id=ns,
+        request_id=request_id, details={"control_revision": control}, now=stamp,
     )  # fmt: skip
     return await _view(tx, after, stamp)
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from orbit.backoff import backoff_ms
 from orbit.business_json import enc_hook
 from orbit.errors import OrbitError
 from orbit.metrics import Registry
@@ -215,9 +216,8 @@ class Advancer:
             if not rows:
                 return
             head = rows[0]
-            delay = min(
-                self.settings.backoff_max_ms,
-                self.settings.backoff_initial_ms * 2 ** min(head.attempts, 30),
+            delay = backoff_ms(
+                head.attempts + 1, self.settings.backoff_initial_ms, self.settings.backoff_max_ms
             )
             delay = int(delay * random.uniform(0.8, 1.0))
             await inbox_store.inbox_record_failure_if_pending(
