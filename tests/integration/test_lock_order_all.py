@@ -419,8 +419,14 @@ async def test_every_transaction_locks_usage_rows_first(
                                                       concurrency_keys=True))[0])
         for ns_t in (t, t2)
     ]  # fmt: skip
-    got = await c.check("dispatch (node round, two namespaces)", Dispatcher(db, node).run_once())
+    nd = Dispatcher(db, node)
+    got = await c.check("dispatch (node round, two namespaces)", nd.run_once())
     assert got >= 6 and all(nc.offers() for nc in node_conns)
+    # The next round of a busy node looks inside its transaction, after the session locks.
+    for ns_t in (t, t2):
+        await ns_t.submit(fairness_key="u3")
+    again = await c.check("dispatch (node round, the look inside)", nd.run_once())
+    assert again == 2
     for nc in node_conns:
         nc.take_offers()
         await sessions.close_session(db, nc.info.namespace_id, nc.info.session_id)
