@@ -357,3 +357,27 @@ async def test_http_fallback(live, client, tenant) -> None:
     assert r.status_code == 404
     r = await client.post(f"{base}/workers/sessions/{'0' * 32}/poll", headers=auth)
     assert r.status_code == 401
+
+
+async def test_an_idle_submit_is_offered_by_the_submit_itself(live, client, tenant) -> None:
+    """A session waits on the node with free slots and nothing else is due: the submit's own
+    transaction leases the task to it (answer LEASED, revision 2) and the offer arrives."""
+    t = await tenant()
+    created = (await open_session(client, t, max_concurrency=2)).json()
+    async with websockets.connect(
+        stream_url(live, t, created["session_id"]),
+        additional_headers=bearer(created["session_token"]),
+    ) as ws:
+        w = Worker(ws)
+        # A frame answered over the stream: the server has registered it by now.
+        assert (await w.call("heartbeat", attempt_ids=[]))["type"] == "heartbeat_ok"
+        task = await submit(client, t)
+        assert task["state"] == "LEASED" and task["revision"] == 2
+        offer = await w.recv("offer")
+        assert offer["task"]["id"] == task["id"]
+        started = await w.call("start", attempt_id=offer["attempt_id"])
+        assert started["type"] == "started"
+        # Another submit while the first task runs: one free slot left, offered the same way.
+        second = await submit(client, t)
+        assert second["state"] == "LEASED"
+        assert (await w.recv("offer"))["task"]["id"] == second["id"]
