@@ -266,3 +266,7 @@ class Whoami(msgspec.Struct, frozen=True, kw_only=True):
     actions: list[str]
     queues: list[str] | None
     global_admin: bool
+    #: What ``admin`` lets the key administer, whatever namespaces and queues it lists:
+    #: ``"application"`` (its whole application), ``"all_applications"`` (a global admin),
+    #: or None (the key does not hold ``admin``).
+    admin_scope: str | None = None

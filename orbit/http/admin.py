@@ -260,8 +260,15 @@ async def whoami(request: Request) -> Response:
             actions=sorted(principal.actions),
             queues=None if principal.queues is None else sorted(principal.queues),
             global_admin=principal.global_admin,
+            admin_scope=_admin_scope(principal),
         )
     )
+
+
+def _admin_scope(principal: credentials.Principal) -> str | None:
+    if not principal.may("admin"):
+        return None
+    return "all_applications" if principal.global_admin else "application"
 
 
 def routes() -> list[Route]:
