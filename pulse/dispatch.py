@@ -729,21 +729,7 @@ class Dispatcher:
         # reservations added to the usage rows (owners, then queues, sorted; the quota guard
         # cannot refuse: the allowance was judged on the rows as locked).
         leases = [attempt_store.tasks_lease_statement(ns, leased, offer_lease, t)]
-        counters: list[tuple[str, Any]] = [
-            (
-                store.Q.application_reservations_add_within_limit,
-                {"application_id": owner, "n": count},
-            )
-            for owner, count in sorted(per_owner.items())
-        ]
-        counters += [
-            (
-                queue_store.Q.usage_add,
-                {"namespace_id": ns, "queue_id": queue_id, "unfinished": 0,
-                 "reservations": count, "active": 0},
-            )
-            for queue_id, count in sorted(per_queue.items())
-        ]  # fmt: skip
+        counters = store.reservation_statements(ns, per_owner, per_queue)
         # The leased rows as task_lease_if_waiting left them (computed, not re-read: the
         # events need only what the claim returned plus what the UPDATE set).
         changes: list[Change] = [

@@ -202,21 +202,10 @@ class IdleOffer:
             out.rows[row["id"]] = after
             offer = wire.offer_from_row(row, attempt_id, generation, offer_lease)
             pushes.setdefault(session_id, (conn, []))[1].append(offer)
-        statements: list[tuple[str, Any]] = [
+        statements = [
             attempt_store.tasks_lease_statement(ns, leased, offer_lease, t),
-            (
-                dispatch_store.Q.application_reservations_add_within_limit,
-                {"application_id": owner_id, "n": len(plan)},
-            ),
+            *dispatch_store.reservation_statements(ns, {owner_id: len(plan)}, per_queue),
         ]
-        statements += [
-            (
-                queue_store.Q.usage_add,
-                {"namespace_id": ns, "queue_id": queue_id, "unfinished": 0,
-                 "reservations": n, "active": 0},
-            )
-            for queue_id, n in sorted(per_queue.items())
-        ]  # fmt: skip
         counts, *_ = await tx.pipeline(
             tx.execute_batch(statements),
             attempt_store.attempt_insert_many(tx, attempts),

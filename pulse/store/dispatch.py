@@ -10,12 +10,13 @@ which is why the per-owner claim takes an ``after`` position.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from orbit.storage import Tx, load_queries
 from orbit.storage.keys import KeySet, expand
+from pulse.store.queues import Q as queue_queries
 
 Q = load_queries(__file__, "dispatch")
 
@@ -203,3 +204,26 @@ async def round_claim(tx: Tx, parts: Sequence[ClaimPart], now: datetime) -> list
         args += [ns, q, subject, now, now, now, int(keys_ok), limit]
     sql = "\nUNION ALL\n".join([Q.round_claim_part] * len(parts))
     return await tx.fetchall(sql, args)
+
+
+def reservation_statements(
+    namespace_id: bytes, per_owner: Mapping[bytes, int], per_queue: Mapping[bytes, int]
+) -> list[tuple[str, Any]]:
+    """The statements that add freshly offered attempts to the reservations of their owners'
+    resources rows, then of their queues' usage rows (each sorted: the lock order), for
+    :meth:`~orbit.storage.Tx.execute_batch`. The rows must be locked by the transaction
+    already (the owners' quota guard cannot refuse what was judged on them)."""
+    out: list[tuple[str, Any]] = [
+        (Q.application_reservations_add_within_limit, {"application_id": owner, "n": n})
+        for owner, n in sorted(per_owner.items())
+    ]
+    out += [
+        (
+            queue_queries.usage_add,
+            {"namespace_id": namespace_id, "queue_id": queue_id, "unfinished": 0,
+             "reservations": n, "active": 0},
+        )
+        for queue_id, n in sorted(per_queue.items())
+    ]  # fmt: skip
+    return out
+
