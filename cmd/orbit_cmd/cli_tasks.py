@@ -35,7 +35,8 @@ from orbit_cmd.cli_rerun import add_rerun
 
 TASK_FIELDS = [
     "id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "owner_id",
-    "pipeline_version", "dedup_key", "concurrency_key", "retry_safe", "effect_uncertain",
+    "pipeline_version", "dedup_key", "concurrency_key", "fairness_key", "retry_safe",
+    "effect_uncertain",
     "cancel_requested", "created_at", "available_at", "deadline_at", "started_at",
     "finished_at", "payload", "result", "error", "resolution", "source", "revision",
     "stuck_at", "stuck_reason", "progress", "progress_at",

@@ -101,6 +101,7 @@ function facts(t) {
     ["Attempts", `${num(t.attempts)} of ${num(t.max_attempts)}`],
     ["Retry safe", yesno(t.retry_safe)],
     t.concurrency_key ? ["Concurrency key", t.concurrency_key] : null,
+    t.fairness_key ? ["Fairness key", t.fairness_key] : null,
     src ? ["Source", src] : null,
     ["Created", time(t.created_at, { relative: true })],
     ["Available", time(t.available_at)],
