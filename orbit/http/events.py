@@ -38,7 +38,7 @@ class EventPage(msgspec.Struct, frozen=True, kw_only=True):
 
 @api(
     "Result events of the namespace, in sequence order", responses={200: EventPage},
-    errors=[404], action=Action.EVENTS_READ.value, tags=["events"],
+    errors=[400, 404, 429], action=Action.EVENTS_READ.value, tags=["events"],
     query=(
         QueryParam("after_seq", int, "return events with seq > after_seq (default 0)"),
         QueryParam("limit", int, "page size, 1-500 (default 50)"),

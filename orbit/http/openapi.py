@@ -29,7 +29,8 @@ ATTR = "__orbit_api__"
 _STATUS_TEXT = {
     200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 304: "Not Modified",
     400: "Invalid request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
-    409: "Conflict", 412: "Precondition failed", 413: "Payload too large",
+    408: "Request body too slow", 409: "Conflict", 412: "Precondition failed",
+    413: "Payload too large", 415: "Body is not JSON",
     422: "Idempotency mismatch", 429: "Quota exceeded / rate limited", 503: "Not ready",
 }  # fmt: skip
 
@@ -209,6 +210,8 @@ def openapi_document(
                     entry["content"] = {"application/json": {"schema": ref[t]}}
                 responses[str(status)] = entry
             error_codes = set(doc.errors) | ({400} if doc.body is not None else set())
+            if method in ("post", "put", "patch"):  # the middleware's body rules
+                error_codes |= {408, 413, 415}
             if not doc.open:
                 error_codes |= {401, 403}
             for status in sorted(error_codes):

@@ -128,7 +128,7 @@ def _delivery_id(conn: HTTPConnection) -> bytes:
 
 @api(
     "Create or update a subscription", body=SubscriptionPut,
-    responses={201: SubscriptionOut, 200: SubscriptionOut}, errors=[400, 404, 409, 412],
+    responses={201: SubscriptionOut, 200: SubscriptionOut}, errors=[400, 404, 409, 412, 429],
     action=MANAGE, etag=True, tags=TAGS,
 )  # fmt: skip
 async def put_subscription(request: Request) -> Response:

@@ -157,7 +157,7 @@ async def get_task(request: Request) -> Response:
 
 
 @api(
-    "Tasks of the namespace, oldest first", errors=[400, 403, 404],
+    "Tasks of the namespace, oldest first", errors=[400, 403, 404, 429],
     action=Action.TASKS_READ.value, tags=TAGS,
     query=(
         QueryParam("queue", str, "queue name"),

@@ -167,3 +167,14 @@ async def test_a_client_gone_mid_body_is_not_an_error(
     assert not any(m.get("status") == 500 for m in sent)
     metrics = app.state.ctx.metrics.render()
     assert 'route="/v1/namespaces/{ns}/tasks",method="POST",status="499"' in metrics
+
+
+async def test_openapi_describes_the_body_rules_and_budgets(client: httpx.AsyncClient) -> None:
+    doc = (await client.get("/openapi.json")).json()
+    tasks = doc["paths"]["/v1/namespaces/{ns}/tasks"]
+    assert {"408", "413", "415"} <= set(tasks["post"]["responses"])
+    assert "429" in tasks["get"]["responses"]  # the list-bytes budget
+    assert "429" in doc["paths"]["/v1/namespaces/{ns}/events"]["get"]["responses"]
+    put = doc["paths"]["/v1/namespaces/{ns}/subscriptions/{name}"]["put"]["responses"]
+    assert {"408", "415", "429"} <= set(put)  # the subscription quota
+    assert "415" not in tasks["get"]["responses"]
