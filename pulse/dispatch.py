@@ -69,6 +69,7 @@ from typing import Any
 
 from orbit.ids import id_hex, new_id
 from orbit.metrics import Registry
+from orbit.shards import shard_group
 from orbit.storage import Database, Tx
 from pulse import transitions, wire
 from pulse.attempts import Change, now_in_tx
@@ -225,7 +226,8 @@ class Dispatcher:
         self.owner_refresh_ms = owner_refresh_ms
         self._rotation = 0
         self._more = False
-        self._node = NodeRound(db, hub.node_id, self.settings.offer_lease_ms)
+        #: The node dispatch round of each shard group this node serves sessions of.
+        self._nodes: dict[int, NodeRound] = {}
         #: Seconds until the first task the last look saw that is not due yet (None: none).
         self._wake_in: float | None = None
         self._hints: dict[tuple[bytes, bytes], OwnerHint] = {}
@@ -254,9 +256,28 @@ class Dispatcher:
         if not conns:
             self._wake_in = None
             return 0
+        # A round spans the namespaces of one shard group only (orbit.shards): one round per
+        # group, each with its own look, rotation and budget.
+        by_group: dict[int, list[Connection]] = {}
+        for c in conns:
+            by_group.setdefault(shard_group(c.info.namespace_id), []).append(c)
+        self._wake_in = None
+        total = 0
+        for group, members in sorted(by_group.items()):
+            node = self._nodes.get(group)
+            if node is None:
+                node = self._nodes[group] = NodeRound(
+                    self.db, self.hub.node_id, self.settings.offer_lease_ms
+                )
+            total += await self._run_node(node, members, now)
+        return total
+
+    async def _run_node(
+        self, node: NodeRound, conns: Sequence[Connection], now: datetime | None
+    ) -> int:
         began = time.perf_counter()
         try:
-            result = await self._node.run(conns, pool_cap=GROUP_MAX_CLAIM, now=now)
+            result = await node.run(conns, pool_cap=GROUP_MAX_CLAIM, now=now)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -265,7 +286,10 @@ class Dispatcher:
             # the others.
             log.exception("node dispatch round failed; serving the groups one by one")
             return await self._run_groups(conns, now)
-        self._wake_in = result.wake_in
+        if result.wake_in is not None:
+            self._wake_in = (
+                result.wake_in if self._wake_in is None else min(self._wake_in, result.wake_in)
+            )
         if result.more:
             self._more = True
         if self._metrics is not None:

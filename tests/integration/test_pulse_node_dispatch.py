@@ -193,3 +193,27 @@ async def test_several_nodes_dispatching_one_queue_never_offer_a_task_twice(
     await check_invariants(db, t.namespace_id)
     await check_invariants(db, other.namespace_id)
     await _close(db, [c for _, _, conns in nodes for c in conns])
+
+
+async def test_a_round_spans_one_shard_group_only(
+    db: Database, tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shard_guard
+    from test_shard_groups import guarded
+
+    from pulse import dispatch
+
+    a, b = await tenant(), await tenant()
+    hub = Hub("node-shards")
+    conns = [await connect(db, hub, (await open_session(db, x))[0]) for x in (a, b)]
+    for x in (a, b):
+        await x.submit()
+    # Under a map with a group per namespace, the dispatcher runs one round per group, and
+    # the shard guard sees no transaction spanning two namespaces.
+    per_namespace = {a.namespace_id: 1, b.namespace_id: 2}
+    monkeypatch.setattr(dispatch, "shard_group", lambda ns: per_namespace.get(bytes(ns), 0))
+    with guarded("namespace") as g:
+        assert await Dispatcher(db, hub).run_once() == 2
+    assert isinstance(g, shard_guard.Guard) and g.violations == []
+    assert all(len(c.take_offers()) == 1 for c in conns)
+    await _close(db, conns)
