@@ -239,7 +239,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             db, CLI_ACTOR, ns, RetentionPut(finished_tasks_days=7, events_days=7)
         )
         purge = RetentionPurge(
-            AppContext(db=db, settings=Settings()), parts=[TaskPurge(running_instance_tasks)],
+            AppContext(db=db, settings=Settings(retention_purge_duty=args.duty)),
+            parts=[TaskPurge(running_instance_tasks)],
             holders=[oldest_unfinished_task, oldest_running_instance],
         )  # fmt: skip
         plan = await db.fetchall(
@@ -249,7 +250,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         purging = await _phase(db, ns, owner, conn, dispatcher, args.purge_seconds, purge)
         purging["candidate_plan"] = [{k: r[k] for k in ("key", "rows", "Extra")} for r in plan]
-        return {"tasks": args.tasks, "populate_s": round(populate_s, 1),
+        return {"tasks": args.tasks, "duty": args.duty, "populate_s": round(populate_s, 1),
                 "baseline": baseline, "purging": purging}  # fmt: skip
     finally:
         await db.close()
@@ -267,6 +268,8 @@ def cli() -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="baseline phase length")
     p.add_argument("--purge-seconds", type=float, default=600.0,
                    help="purging phase: at most this long (ends when the purge caught up)")
+    p.add_argument("--duty", type=float, default=Settings().retention_purge_duty,
+                   help="ORBIT_RETENTION_PURGE_DUTY: share of the time spent in purge batches")
     p.add_argument("--dsn", default="mysql://root@127.0.0.1:3306/mysql")
     p.add_argument("--migrations-dir", default=None)
     print(json.dumps(asyncio.run(main(p.parse_args())), indent=1))

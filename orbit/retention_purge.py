@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -59,6 +60,17 @@ class PurgePass:
     batch: int
     max_batches: int
     idempotency_s: int  # the namespace's Idempotency-Key window
+    duty: float = 1.0  # share of the time the pass may spend in purge transactions
+
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """One batch (:func:`purge_transaction`), then a pause so that batches take at most
+        ``duty`` of the time: a batch slowed by a busy database is followed by a longer
+        pause, so the purge yields to dispatch when the database is the bottleneck."""
+        started = time.monotonic()
+        out = await purge_transaction(self.db, fn)
+        if self.duty < 1.0:
+            await asyncio.sleep((time.monotonic() - started) * (1.0 / self.duty - 1.0))
+        return out
 
     @property
     def namespace_id(self) -> bytes:
@@ -111,7 +123,7 @@ async def _batches(
                 await store.retention_add_progress(tx, p.namespace_id, n)
             return n
 
-        n = await purge_transaction(p.db, run)
+        n = await p.run(run)
         out.add(table, n)
         if n < p.batch:
             return True
@@ -217,7 +229,7 @@ async def purge_result_events(p: PurgePass) -> PartResult:
         return counts, len(scan) < p.batch or hi < int(scan[-1]["seq"])
 
     for _ in range(p.max_batches):
-        counts, done = await purge_transaction(p.db, batch)
+        counts, done = await p.run(batch)
         for table, n in counts.items():
             out.add(table, n)
         if done:
@@ -244,6 +256,7 @@ class RetentionPurge:
         self.batch = s.retention_purge_batch
         self.max_batches = s.retention_purge_max_batches
         self.interval_s = s.retention_purge_interval_s
+        self.duty = min(1.0, max(0.05, s.retention_purge_duty))
         self.idempotency_s = s.idempotency_retention_s
         self.parts: list[Part] = [*PLATFORM_PARTS, *parts]
         self.holders = list(holders)
@@ -282,6 +295,7 @@ class RetentionPurge:
                 db=self.db, settings=row, now=now, floor=min(floors) if floors else None,
                 batch=self.batch, max_batches=self.max_batches,
                 idempotency_s=self.idempotency_s if hours is None else hours * 3600,
+                duty=self.duty,
             )  # fmt: skip
 
         return await self.db.read(run)

@@ -41,6 +41,9 @@ class Settings:
     retention_purge_batch: int = 500
     retention_purge_max_batches: int = 20
     retention_purge_interval_s: float = 60.0
+    #: Share of the time a purge pass may spend in its transactions (0.05-1): after each
+    #: batch it pauses so batches take at most this share (1: no pause).
+    retention_purge_duty: float = 0.5
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:

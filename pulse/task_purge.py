@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 
-from orbit.retention_purge import PartResult, PurgePass, purge_transaction
+from orbit.retention_purge import PartResult, PurgePass
 from orbit.storage import Tx
 from orbit.store import retention as retention_store
 from pulse.store import attempts as attempt_store
@@ -61,7 +61,7 @@ class TaskPurge:
         for _ in range(p.max_batches):
             batch = partial(self._batch, p=p, state=state, cutoff=cutoff,
                             evidence_cutoff=evidence_cutoff, after=(after_t, after_id))  # fmt: skip
-            counts, last_t, last_id, seen = await purge_transaction(p.db, batch)
+            counts, last_t, last_id, seen = await p.run(batch)
             for table, n in counts.items():
                 out.add(table, n)
             if last_t is None or seen < p.batch:
