@@ -61,6 +61,7 @@ from pulse.attempt_rules import (
     ms,
     plan_report,
 )
+from pulse.errors import SessionGone
 from pulse.store import attempts as store
 from pulse.store import tasks as task_store
 
@@ -342,15 +343,6 @@ async def start_many(
 
 
 # -- heartbeat -------------------------------------------------------------------------------
-
-
-class SessionGone(Exception):
-    """The session is no longer ACTIVE (expired or closed), or its credential or application
-    no longer allows it (``credential`` true): its stream must end."""
-
-    def __init__(self, *, credential: bool = False) -> None:
-        super().__init__("the session credential no longer allows it" if credential else "session gone")
-        self.credential = credential
 
 
 @dataclass

@@ -6,7 +6,8 @@ PulseError (orbit.errors.OrbitError)
  ├── AttemptNotFound        404 not_found
  ├── TaskStateConflict      409 conflict         (``state`` = the task's current state)
  ├── QueueQuotaExceeded     429 quota_exceeded   (``scope`` = queue | application; Retry-After)
- └── CursorMismatch         400 invalid_request  (a list cursor used with other filters)
+ ├── CursorMismatch         400 invalid_request  (a list cursor used with other filters)
+ └── SessionGone            401 unauthenticated  (the worker session expired or was closed)
 
 The worker side adds its own classes below these (sessions, attempts, stale tokens).
 """
@@ -15,7 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from orbit.errors import Conflict, InvalidRequest, NotFound, OrbitError, QuotaExceeded
+from orbit.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    OrbitError,
+    QuotaExceeded,
+    Unauthenticated,
+)
 
 
 class PulseError(OrbitError):
@@ -70,3 +78,14 @@ class CursorMismatch(InvalidRequest, PulseError):
 
     def __init__(self, message: str = "cursor does not match these filters") -> None:
         super().__init__(message, field="cursor")
+
+
+class SessionGone(Unauthenticated, PulseError):
+    """The worker session is no longer ACTIVE (expired or closed), or its credential or
+    application no longer allows it (``credential`` true): a call on it is answered 401 and
+    its stream ends (close 4401)."""
+
+    def __init__(self, message: str = "", *, credential: bool = False) -> None:
+        default = "the session credential no longer allows it" if credential else ""
+        super().__init__(message or default or "the session expired")
+        self.credential = credential

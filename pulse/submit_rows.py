@@ -9,12 +9,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-import pymysql
-
 from orbit.errors import InvalidRequest
 from orbit.ids import id_hex, new_id
-from orbit.storage import DuplicateKey, Tx
-from orbit.storage.errors import CHECK_VIOLATED, error_code
+from orbit.storage import CheckViolation, DuplicateKey, Tx
 from orbit.times import format_time
 from pulse import retry_bounds, transitions
 from pulse.store import tasks as store
@@ -198,9 +195,8 @@ async def _insert(
     except DuplicateKey as exc:
         if exc.key != store.IDENTITY_INDEX:
             raise
-    except pymysql.err.OperationalError as exc:
-        if error_code(exc) not in CHECK_VIOLATED:
-            raise
+    except CheckViolation:
+        pass
     inserted: list[int] = []
     for k, (p, row) in enumerate(zip(admitted, rows, strict=True)):
         try:
@@ -212,9 +208,7 @@ async def _insert(
             twin = await store.task_get_by_identity(tx, namespace_id, owner_id, *p.identity)
             assert twin is not None, "a duplicate identity is committed when we see 1062"
             results[p.index] = ItemResult(200, row=twin)
-        except pymysql.err.OperationalError as exc:
-            if error_code(exc) not in CHECK_VIOLATED:
-                raise
+        except CheckViolation:
             err = InvalidRequest("payload is not valid JSON for the database", field="payload")
             results[p.index] = ItemResult(err.status, error=err)
     return inserted

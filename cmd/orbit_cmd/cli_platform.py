@@ -44,13 +44,15 @@ RES_COLUMNS = [
 # --- admin bootstrap (database) ---------------------------------------------------------------
 
 
+#: A table or column the code expects is missing (1146, 1054): the schema is not migrated.
+NO_SCHEMA = (1146, 1054)
+
+
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     import asyncio  # imported here: the HTTP commands start faster without these
 
-    import pymysql
-
     from orbit.bootstrap import bootstrap
-    from orbit.storage import DSN, Database
+    from orbit.storage import DSN, Database, DatabaseError
 
     try:
         dsn = DSN.from_env(getattr(args, "dsn", None))
@@ -72,16 +74,15 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
     try:
         line = asyncio.run(run())
-    except pymysql.err.OperationalError as exc:
-        code = exc.args[0] if exc.args else 0
-        if code in (2002, 2003, 2006, 2013, 1045, 1049):
+    except DatabaseError as exc:
+        if exc.code in (2002, 2003, 2006, 2013, 1045, 1049):
             raise CliError(f"cannot use the database at {dsn}: {exc}", EXIT_UNAVAILABLE) from None
+        if exc.code in NO_SCHEMA:
+            raise CliError(
+                f"database error: {exc} (is the schema migrated? run `orbit-migrate up`)",
+                EXIT_API_ERROR,
+            ) from None
         raise CliError(f"database error: {exc}", EXIT_API_ERROR) from None
-    except pymysql.err.ProgrammingError as exc:
-        raise CliError(
-            f"database error: {exc} (is the schema migrated? run `orbit-migrate up`)",
-            EXIT_API_ERROR,
-        ) from None
     print(json.dumps(line), flush=True)
     return EXIT_OK
 

@@ -1,8 +1,9 @@
 """Error rendering: every error a client sees is ``{"error": {"code", "message", "details"}}``.
 
 One handler is registered on :class:`~orbit.errors.OrbitError` (subclasses of other packages
-are found through the MRO), one on storage errors (translated to OrbitErrors), one on
-Starlette's HTTPException (unknown route 404, 405). The handler also
+are found through the MRO), one on storage errors (translated to OrbitErrors by
+:func:`client_error`, the mapping the WebSocket streams use too), one on Starlette's
+HTTPException (unknown route 404, 405). The handler also
 
 * counts conflicts by kind in ``orbit_conflicts_total{kind}`` (409 by the error's ``kind``,
   412 ``precondition_failed``, 422 ``idempotency_mismatch``, 429 by code);
@@ -22,7 +23,6 @@ import logging
 from typing import Any
 
 import msgspec
-import pymysql
 from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
@@ -33,12 +33,14 @@ from orbit.http.ws_refusal import refuse
 from orbit.metrics import count_conflict
 from orbit.storage import (
     CasConflict,
+    CheckViolation,
+    ConnectionRefused,
+    NodeNotReady,
     OutcomeUnknown,
     PoolExhausted,
     StorageError,
     TransientExhausted,
 )
-from orbit.storage.errors import CHECK_VIOLATED, NODE_NOT_READY
 
 log = logging.getLogger("orbit.http")
 
@@ -88,8 +90,15 @@ def conflict_kind(exc: OrbitError) -> str | None:
     return None
 
 
-def translate_storage_error(exc: StorageError) -> OrbitError:
-    """Storage failures that reach the HTTP layer, as client errors."""
+def client_error(exc: BaseException) -> OrbitError | None:
+    """The error a client is told for ``exc`` — its HTTP status and body, the ``error`` frame
+    of a WebSocket stream and its close code (:func:`ws_close_code`) — or None when ``exc`` is
+    an internal failure (logged; 500 ``internal``). The one mapping the HTTP error handler,
+    the worker stream and the subscription stream share."""
+    if isinstance(exc, OrbitError):
+        return exc
+    if not isinstance(exc, StorageError):
+        return None
     if isinstance(exc, CasConflict):
         return Conflict(str(exc), kind="cas")
     if isinstance(exc, TransientExhausted):
@@ -104,7 +113,30 @@ def translate_storage_error(exc: StorageError) -> OrbitError:
             retry_after=1,
             reason="outcome_unknown",
         )
-    return OrbitError("storage error")
+    if isinstance(exc, CheckViolation):
+        # Bad input that slipped past the service's validation.
+        return InvalidRequest("the request violates a constraint", constraint=exc.constraint)
+    if isinstance(exc, ConnectionRefused):
+        # max_user_connections / max_connections: shed like an exhausted pool
+        # (tests/reliability/test_max_user_connections.py).
+        return NotReady(
+            "the database refused a connection, retry", retry_after=1, reason="connection_limit"
+        )
+    if isinstance(exc, NodeNotReady):
+        # A Galera node partitioned away or without quorum refuses every query until it
+        # rejoins (tests/cluster/).
+        return NotReady(
+            "the database node is not part of its cluster's primary component, retry",
+            retry_after=1,
+            reason="cluster_not_primary",
+        )
+    return None
+
+
+def ws_close_code(exc: OrbitError) -> int:
+    """The close code of a WebSocket ended by ``exc`` once accepted: 4000 + its HTTP status
+    (4401 session gone or unauthenticated, 4403, 4404…)."""
+    return 4000 + exc.status
 
 
 def _request_id(conn: HTTPConnection) -> str | None:
@@ -136,14 +168,19 @@ async def handle_orbit_error(conn: HTTPConnection, exc: Exception) -> Response |
             await refuse(conn, exc, error_response(exc, _request_id(conn)))
             return None
         if conn.application_state != WebSocketState.DISCONNECTED:
-            await conn.close(code=4000 + exc.status, reason=exc.code)
+            await conn.close(code=ws_close_code(exc), reason=exc.code)
         return None
     return error_response(exc, _request_id(conn))
 
 
 async def handle_storage_error(conn: HTTPConnection, exc: Exception) -> Response | None:
+    """A storage failure as the client error it means (:func:`client_error`); any other is
+    re-raised (500 ``internal``, logged)."""
     assert isinstance(exc, StorageError)
-    return await handle_orbit_error(conn, translate_storage_error(exc))
+    err = client_error(exc)
+    if err is None:
+        raise exc
+    return await handle_orbit_error(conn, err)
 
 
 async def handle_http_exception(conn: HTTPConnection, exc: Exception) -> Response | None:
@@ -162,52 +199,10 @@ async def handle_http_exception(conn: HTTPConnection, exc: Exception) -> Respons
     return response
 
 
-async def handle_driver_error(conn: HTTPConnection, exc: Exception) -> Response | None:
-    """A CHECK violation (4025 MariaDB / 3819 MySQL) is bad input that slipped past the
-    service's validation: 400. A database that refuses to serve for now (:func:`driver_not_ready`)
-    is a 503. Any other driver error is re-raised (500, logged)."""
-    args = getattr(exc, "args", ())
-    busy = driver_not_ready(exc)
-    if busy is not None:
-        return await handle_orbit_error(conn, busy)
-    if args and args[0] in CHECK_VIOLATED:
-        detail = str(args[1])[:200] if len(args) > 1 else ""
-        return await handle_orbit_error(
-            conn, InvalidRequest("the request violates a constraint", constraint=detail)
-        )
-    raise exc
-
-
-def driver_not_ready(exc: BaseException) -> NotReady | None:
-    """The 503 for a driver error that means "this database will not serve right now", else
-    None: a refused new connection (max_user_connections / max_connections: shed like an
-    exhausted pool; tests/reliability/test_max_user_connections.py), or a Galera node outside
-    the primary component (1047: partitioned away or lost quorum — it refuses every query
-    until it rejoins; tests/cluster/)."""
-    args = getattr(exc, "args", ())
-    if args and args[0] in CONNECTION_LIMITS:
-        return NotReady(
-            "the database refused a connection, retry", retry_after=1, reason="connection_limit"
-        )
-    if args and args[0] == NODE_NOT_READY:
-        return NotReady(
-            "the database node is not part of its cluster's primary component, retry",
-            retry_after=1,
-            reason="cluster_not_primary",
-        )
-    return None
-
-
-#: MySQL/MariaDB refusals of a new connection: 1040 max_connections, 1203 the global
-#: max_user_connections, 1226 the account's MAX_USER_CONNECTIONS.
-CONNECTION_LIMITS = frozenset({1040, 1203, 1226})
-
-
 def exception_handlers() -> dict[Any, Any]:
     """The handlers to pass to ``Starlette(exception_handlers=...)``."""
     return {
         OrbitError: handle_orbit_error,
         StorageError: handle_storage_error,
         HTTPException: handle_http_exception,
-        pymysql.MySQLError: handle_driver_error,
     }

@@ -54,6 +54,7 @@ from orbit.delivery_loop import DeliveryHub
 from orbit.errors import InvalidRequest, NotFound, OrbitError
 from orbit.http.auditing import settle_failure
 from orbit.http.body import check_depth
+from orbit.http.errors import client_error
 from orbit.ids import id_hex, parse_id
 from orbit.storage import Database, StorageError
 from orbit.store.subscriptions import SubscriptionRow
@@ -64,6 +65,16 @@ log = logging.getLogger("orbit.subscriptions.stream")
 #: Queue slots kept for control frames (errors, pings, pongs) beyond max_in_flight.
 CONTROL_SLOTS = 8
 IDLE_CLOSE_CODE = 4408
+
+
+def _storage_reply(exc: StorageError) -> tuple[str, str]:
+    """(code, message) of the ``error`` frame for a storage failure: the client error the
+    HTTP handler would answer (:func:`~orbit.http.errors.client_error`), else ``not_ready``
+    (the consumer retries the ack or nack)."""
+    err = client_error(exc)
+    if err is None:
+        return "not_ready", f"database busy, retry: {type(exc).__name__}"
+    return err.code, err.message
 
 
 # ----------------------------------------------------------------------------- frames
@@ -353,9 +364,7 @@ class StreamConnection:
             await settle_failure(self.ws, exc, nack, frame.delivery_id, self.namespace_id)
             await self._send_error(exc.code, exc.message, frame.delivery_id)
         except StorageError as exc:
-            await self._send_error(
-                "not_ready", f"database busy, retry: {type(exc).__name__}", frame.delivery_id
-            )
+            await self._send_error(*_storage_reply(exc), frame.delivery_id)
 
     async def _ack_loop(self) -> None:
         """Group commit of acks: the acks that arrive while one batch's transaction is in
@@ -384,9 +393,7 @@ class StreamConnection:
         for delivery_id, f in zip(ids, frames, strict=True):
             outcome = NotFound("delivery") if delivery_id is None else next(outcomes)
             if isinstance(outcome, StorageError):
-                await self._send_error(
-                    "not_ready", f"database busy, retry: {type(outcome).__name__}", f.delivery_id
-                )
+                await self._send_error(*_storage_reply(outcome), f.delivery_id)
             elif isinstance(outcome, BaseException) and not isinstance(outcome, OrbitError):
                 log.error("ack round failed: %r", outcome)
                 await self._send_error("internal", "ack failed, retry", f.delivery_id)

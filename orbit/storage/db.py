@@ -36,15 +36,14 @@ from orbit.storage.dsn import DSN
 from orbit.storage.errors import (
     COMMIT_FAILED,
     CONNECTION_ERRORS,
-    DUPLICATE,
     RETRYABLE,
     CasConflict,
     DuplicateKey,
     OutcomeUnknown,
     PoolExhausted,
     TransientExhausted,
-    duplicate_key_name,
     error_code,
+    from_driver,
     retry_kind,
 )
 from orbit.storage.fairness import DEFAULT_SHARE, FairGate, GateTimeout, current_tenant
@@ -434,7 +433,7 @@ class Database:
             finally:
                 self._pool.release(conn)
         except Exception as exc:
-            err = as_pymysql(exc)
+            err = _driver_error(exc)
             if err is exc:
                 raise
             raise err from exc
@@ -488,14 +487,14 @@ class Database:
                 return await self._run_once(fn, readonly)
             except _CommitLost as lost:
                 self.stats.outcome_unknown += 1
-                cause = as_pymysql(lost.cause)
+                cause = _driver_error(lost.cause)
                 raise OutcomeUnknown(f"COMMIT's outcome unknown: {cause}") from cause
             except Exception as exc:
                 code = error_code(exc)
                 if code not in RETRYABLE and code not in CONNECTION_ERRORS:
                     # A driver error from outside a Tx call (acquire, session setup,
-                    # COMMIT): raised as PyMySQL's class whatever the driver.
-                    err = as_pymysql(exc)
+                    # COMMIT): raised as the project's error class whatever the driver.
+                    err = _driver_error(exc)
                     if err is exc:
                         raise
                     raise err from exc
@@ -506,7 +505,7 @@ class Database:
                 if attempt > limit:
                     self.stats.exhausted += 1
                     cause = exc.cause if isinstance(exc, _CommitConflict) else exc
-                    raise TransientExhausted(code, attempt) from as_pymysql(cause)
+                    raise TransientExhausted(code, attempt) from _driver_error(cause)
                 await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
 
     async def _acquire(self, tenant: Any) -> Any:
@@ -642,11 +641,12 @@ async def check_session(conn: Any) -> None:
 
 
 def _driver_error(exc: BaseException) -> BaseException:
-    """What a :class:`Tx` call raises for ``exc``: :class:`DuplicateKey` for 1062, a driver
-    error as PyMySQL's class (whatever the driver), anything else unchanged."""
+    """What a :class:`Tx` or :class:`Database` call raises for ``exc``: a driver exception
+    (whatever the driver) as the project's :class:`~orbit.storage.errors.StorageError` of its
+    number (:func:`~orbit.storage.errors.from_driver`), anything else unchanged."""
     err = as_pymysql(exc)
-    if isinstance(err, pymysql.err.IntegrityError) and error_code(err) == DUPLICATE:
-        return DuplicateKey(duplicate_key_name(err) or "", str(err))
+    if isinstance(err, pymysql.err.MySQLError):
+        return from_driver(err)
     return err
 
 

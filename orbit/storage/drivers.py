@@ -12,10 +12,10 @@ session contract Orbit relies on:
   ``_binary'...'`` (BINARY(16) ids), DATETIME(6) round trips with microseconds;
 - errors as the driver's ``(errno, message)`` exceptions.
 
-Errors leave the storage layer as **PyMySQL's** exception classes whatever the driver
-(:func:`as_pymysql`), so callers that catch ``pymysql.err.OperationalError`` (CHECK
-violations in ``pulse/submit.py``, the HTTP error handlers) and the retry classifier
-(:mod:`orbit.storage.errors`, by error number) work unchanged.
+A driver's exceptions are first read as PyMySQL's classes (:func:`as_pymysql`), then leave
+the storage layer as the project's own errors (:mod:`orbit.storage.errors`: check violation,
+duplicate key, lock conflict, connection lost or refused…), whatever the driver: no code
+above ``orbit/storage`` imports or catches a driver's exception.
 
 ``aiomysql`` (pure-Python PyMySQL protocol) is the default; ``asyncmy`` (Cython) is optional:
 ``pip install asyncmy`` and ``ORBIT_DB_DRIVER=asyncmy``. See docs/performance.md
@@ -53,7 +53,8 @@ class PoolOptions:
 
 @dataclass(frozen=True, slots=True)
 class Driver:
-    """One driver: a pool factory and the translation of its errors to PyMySQL's classes.
+    """One driver: a pool factory and the reading of its errors as PyMySQL's classes (which
+    :mod:`orbit.storage.errors` then translates into Orbit's own).
 
     The pool it returns must offer ``acquire()`` (awaitable), ``release(conn)``,
     ``close()``, ``wait_closed()``, ``size``/``freesize``/``maxsize``; its connections

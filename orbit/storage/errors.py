@@ -5,7 +5,19 @@ StorageError
  ├── DuplicateKey         1062 on a unique index; ``key`` names the index
  ├── OutcomeUnknown       2013 or 1180 during COMMIT: the transaction may or may not have committed
  ├── PoolExhausted        no pooled connection became free within the acquire timeout
- └── TransientExhausted   1213/1205/1020 retried the allowed number of times
+ ├── TransientExhausted   1213/1205/1020 retried the allowed number of times
+ └── DatabaseError        any other error the server or the driver reported, ``code`` its number
+      ├── CheckViolation      4025/3819: a row broke a CHECK constraint
+      ├── TriggerRefused      1644: a trigger refused the change (immutable history, purge floor)
+      ├── LockConflict        1213/1205/1020 as a statement raised it (the transaction retries it)
+      ├── ConnectionLost      2006/2013/2003: the connection died or could not be opened
+      ├── ConnectionRefused   1040/1203/1226: the server refused a new connection (its limits)
+      └── NodeNotReady        1047: a Galera node outside the primary component
+
+Driver exceptions (PyMySQL's, aiomysql's, asyncmy's) never leave ``orbit/storage``: every call
+of :class:`~orbit.storage.db.Tx` and :class:`~orbit.storage.db.Database` raises these classes
+(:func:`translate`). A ``DatabaseError`` keeps the driver's ``(code, message)`` as its args, so
+:func:`error_code` reads the number the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +45,9 @@ COMMIT_FAILED = 1180
 
 RETRYABLE = frozenset({DEADLOCK, LOCK_WAIT_TIMEOUT, SNAPSHOT_CONFLICT})
 CONNECTION_ERRORS = frozenset({LOST_CONNECTION, SERVER_GONE, CANT_CONNECT})
+#: MySQL/MariaDB refusals of a new connection: 1040 max_connections, 1203 the global
+#: max_user_connections, 1226 the account's MAX_USER_CONNECTIONS.
+CONNECTION_LIMITS = frozenset({1040, 1203, 1226})
 
 _DUP_KEY_RE = re.compile(r"for key '(?:[^'.]*\.)?([^']+)'")
 
@@ -79,6 +94,77 @@ class TransientExhausted(StorageError):
         super().__init__(f"transaction conflict {code} persisted after {attempts} attempts")
         self.code = code
         self.attempts = attempts
+
+
+class DatabaseError(StorageError):
+    """An error the database server or the driver reported; ``code`` is its MySQL error
+    number (None when the driver gave none). ``args`` is the driver's ``(code, message)``."""
+
+    def __init__(self, code: int | None, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+
+class CheckViolation(DatabaseError):
+    """4025 (MariaDB) / 3819 (MySQL): the row breaks a CHECK constraint: bad input that
+    passed the service's validation."""
+
+    @property
+    def constraint(self) -> str:
+        """The server's message (it names the constraint), at most 200 characters."""
+        return self.message[:200]
+
+
+class TriggerRefused(DatabaseError):
+    """1644: a trigger refused the change (SIGNAL), e.g. an update of an immutable row."""
+
+
+class LockConflict(DatabaseError):
+    """1213 deadlock, 1205 lock wait timeout, 1020 snapshot conflict, as one statement raised
+    it: :meth:`~orbit.storage.db.Database.transaction` rolls back and retries the whole
+    transaction (``TransientExhausted`` once the retries are spent)."""
+
+
+class ConnectionLost(DatabaseError):
+    """2006/2013: the connection died; 2003: it could not be opened."""
+
+
+class ConnectionRefused(DatabaseError):
+    """The server refused a new connection (1040 max_connections, 1203/1226 the user's
+    connection limits): shed the request like an exhausted pool."""
+
+
+class NodeNotReady(DatabaseError):
+    """1047: a Galera node outside the primary component (partitioned away, lost quorum or
+    joining): it refuses every query until it rejoins."""
+
+
+def _class_of(code: int | None) -> type[DatabaseError]:
+    if code in CHECK_VIOLATED:
+        return CheckViolation
+    if code == TRIGGER_SIGNAL:
+        return TriggerRefused
+    if code in RETRYABLE:
+        return LockConflict
+    if code in CONNECTION_ERRORS:
+        return ConnectionLost
+    if code in CONNECTION_LIMITS:
+        return ConnectionRefused
+    if code == NODE_NOT_READY:
+        return NodeNotReady
+    return DatabaseError
+
+
+def from_driver(exc: BaseException) -> StorageError:
+    """The project's error for a driver exception whose args are ``(errno, message)``:
+    :class:`DuplicateKey` for 1062, else the :class:`DatabaseError` class of its number."""
+    code = error_code(exc)
+    args = getattr(exc, "args", ())
+    message = str(args[1]) if len(args) > 1 else str(exc)
+    if code == DUPLICATE:
+        return DuplicateKey(duplicate_key_name(exc) or "", str(exc))
+    return _class_of(code)(code, message)
 
 
 def retry_kind(code: int, *, at_commit: bool = False) -> str:

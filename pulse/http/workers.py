@@ -22,7 +22,6 @@ import math
 from typing import Any
 
 import msgspec
-import pymysql
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -40,23 +39,17 @@ from orbit.errors import (
 from orbit.http.auditing import AuditIntent, audit_intent, record_failure, request_id
 from orbit.http.auth import authorize, bearer_key
 from orbit.http.body import check_depth, decode, decode_optional, query_int
-from orbit.http.errors import (
-    conflict_kind,
-    driver_not_ready,
-    error_response,
-    translate_storage_error,
-)
+from orbit.http.errors import client_error, conflict_kind, error_response
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.http.tenancy import enter_application
 from orbit.http.ws_refusal import refuse
 from orbit.ids import parse_id
 from orbit.metrics import count_conflict
-from orbit.storage import StorageError
 from pulse import attempts, effects, sessions, wire
 from pulse.batcher import WorkerBatches
 from pulse.dispatch import Dispatcher
-from pulse.errors import AttemptNotFound
+from pulse.errors import AttemptNotFound, SessionGone
 from pulse.http.admission import (
     CLOSE_POLICY,
     admission_of,
@@ -83,13 +76,6 @@ CONNECT = "workers.connect"
 #: Frames of one stream handled at the same time (the rest wait: backpressure).
 MAX_INFLIGHT_FRAMES = 32
 DEFAULT_POLL_WAIT_MS = 10_000
-
-
-class SessionGoneError(OrbitError):
-    """The session expired while the request was handled."""
-
-    code = "unauthenticated"
-    status = 401
 
 
 def _ctx(conn: Request | WebSocket) -> Any:
@@ -409,7 +395,7 @@ class _StreamReader:
                 await self.conn.send(reply)
         except RateLimited:
             await self._over_budget("heartbeat_budget", ref)
-        except attempts.SessionGone:
+        except SessionGone:
             await self.conn.send(
                 wire.Error(
                     code="unauthenticated",
@@ -424,25 +410,18 @@ class _StreamReader:
                 return
             await _audit_report_failure(self.conn.websocket, self.info, frame, exc)
             await self.conn.send(_error_frame(self.ctx, exc, ref))
-        except StorageError as exc:
-            await self.conn.send(_error_frame(self.ctx, translate_storage_error(exc), ref))
-        except pymysql.MySQLError as exc:
-            busy = driver_not_ready(exc)
-            if busy is None:
+        except Exception as exc:
+            # A storage failure as the HTTP handler renders it (a refused connection, a
+            # Galera node outside the primary component, an exhausted pool: transient, the
+            # SDK re-sends after Retry-After); anything else is internal.
+            err = client_error(exc)
+            if err is None:
                 log.exception("worker frame failed")
                 await self.conn.send(
                     wire.Error(code="internal", message="internal error", ref_msg_id=ref)
                 )
                 return
-            # The database refused a new connection (max_user_connections / max_connections)
-            # or the Galera node left the primary component: transient, like an exhausted
-            # pool — the SDK re-sends after Retry-After.
-            await self.conn.send(_error_frame(self.ctx, busy, ref))
-        except Exception:
-            log.exception("worker frame failed")
-            await self.conn.send(
-                wire.Error(code="internal", message="internal error", ref_msg_id=ref)
-            )
+            await self.conn.send(_error_frame(self.ctx, err, ref))
 
     def _admit_heartbeat(self, frame: wire.Heartbeat) -> dict[str, str]:
         try:
@@ -464,7 +443,7 @@ class _StreamReader:
             # expiry): a refused one ends the stream.
             try:
                 result = await _batches(self.ctx).heartbeat(ns, sid, frame.attempt_ids, progress)
-            except attempts.SessionGone as gone:
+            except SessionGone as gone:
                 if gone.credential:
                     self.ctx.metrics.counter(
                         "orbit_auth_failures_total", "Requests rejected with 401", ()
@@ -610,7 +589,7 @@ async def poll(request: Request) -> Response:
         queues = await sessions.resolve_queues(ctx.db, info.namespace_id, info.queues)
         conn = PollConnection(info, queues)
         if not await _bind(ctx, hub, conn):
-            raise SessionGoneError("the session expired")
+            raise SessionGone()
     await _dispatcher(ctx, hub).dispatch_to(conn)
     offers = await conn.wait(wait_ms / 1000)
     return json_response(wire.PollReply(offers=offers))
@@ -657,12 +636,7 @@ async def _heartbeat(
         raise
     admission.heartbeat(info)  # 429 rate_limited past the session's heartbeat budget
     checked = _checked_progress(admission, progress, attempt_ids)
-    try:
-        result = await _batches(ctx).heartbeat(
-            info.namespace_id, info.session_id, attempt_ids, checked
-        )
-    except attempts.SessionGone:
-        raise SessionGoneError("the session expired") from None
+    result = await _batches(ctx).heartbeat(info.namespace_id, info.session_id, attempt_ids, checked)
     return json_response(result.reply)
 
 

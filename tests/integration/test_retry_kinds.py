@@ -108,7 +108,12 @@ async def test_a_node_outside_the_primary_component_answers_503(db: Database) ->
     from starlette.routing import Route
 
     async def refuse(_: Any) -> Any:
-        raise pymysql.err.OperationalError(1047, "WSREP has not yet prepared node for application use")
+        async def run(tx: Any) -> None:  # the driver's error, as the node would raise it
+            raise pymysql.err.OperationalError(
+                1047, "WSREP has not yet prepared node for application use"
+            )
+
+        await db.transaction(run)  # leaves the storage layer as NodeNotReady
 
     app = make_app(db, [Route("/t/refuse", refuse)])
     async with asgi_client(app) as client:

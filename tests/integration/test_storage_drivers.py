@@ -5,9 +5,9 @@ when asyncmy is not installed. What Orbit's stores rely on, checked per driver: 
 (autocommit off, UTC, READ COMMITTED), matched-row counts (``CLIENT.FOUND_ROWS``: ``cas`` and
 the guarded UPDATEs), ``bytes`` sent as binary (BINARY(16) ids with every byte value),
 DATETIME(6) with microseconds both ways, one multi-row INSERT for ``executemany``, one round
-trip with per-statement counts for ``execute_batch``, and errors raised as PyMySQL's classes
+trip with per-statement counts for ``execute_batch``, and errors raised as Orbit's own classes
 with their MySQL numbers (1062 → ``DuplicateKey``, 1205 → retried then
-``TransientExhausted``, a lost connection → retried, 4025 CHECK → OperationalError,
+``TransientExhausted``, a lost connection → retried, 4025 CHECK → ``CheckViolation``,
 a full pool → ``PoolExhausted``).
 """
 
@@ -24,10 +24,14 @@ import pytest
 from orbit.storage import (
     DSN,
     CasConflict,
+    CheckViolation,
+    ConnectionLost,
     Database,
+    DatabaseError,
     DuplicateKey,
     OutcomeUnknown,
     PoolExhausted,
+    StorageError,
     TransientExhausted,
     Tx,
 )
@@ -199,7 +203,9 @@ async def test_execute_batch_counts_each_statement(sdb: Database) -> None:
     assert rows == [{"name": "a", "revision": 2}, {"name": "b", "revision": 1}]  # rolled back
 
 
-async def test_errors_are_pymysql_classes_with_their_numbers(sdb: Database) -> None:
+async def test_errors_are_orbit_classes_with_their_numbers(sdb: Database) -> None:
+    """Whatever the driver, its exceptions leave the storage layer as Orbit's own classes
+    (orbit/storage/errors.py), with the MySQL error number as ``code`` and ``args[0]``."""
     await sdb.transaction(
         lambda tx: tx.execute("INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[0],))
     )
@@ -207,22 +213,23 @@ async def test_errors_are_pymysql_classes_with_their_numbers(sdb: Database) -> N
         await sdb.transaction(lambda tx: tx.execute(
             "INSERT INTO t (id, name) VALUES (%s, 'a')", (IDS[1],)))  # fmt: skip
     assert dup.value.key == "uq_t_name"
-    with pytest.raises(pymysql.err.OperationalError) as check:
+    with pytest.raises(CheckViolation) as check:
         await sdb.transaction(lambda tx: tx.execute(
             "INSERT INTO t (id, name, doc) VALUES (%s, 'c', 'not json')", (IDS[2],)))  # fmt: skip
-    assert check.value.args[0] in (4025, 3819)
-    with pytest.raises(pymysql.err.ProgrammingError) as syntax:
+    assert check.value.code in (4025, 3819) and check.value.args[0] == check.value.code
+    with pytest.raises(DatabaseError) as syntax:
         await sdb.fetchall("SELEKT 1")
-    assert syntax.value.args[0] == 1064
+    assert syntax.value.code == 1064 and type(syntax.value) is DatabaseError
+    assert not isinstance(syntax.value, pymysql.MySQLError)
     assert sdb.stats.retries == {}  # none of these is retried
 
-    # Inside a transaction the store code sees the same classes (pulse/submit.py catches
-    # OperationalError for CHECK violations and carries on in the same transaction).
+    # Inside a transaction the store code sees the same classes (pulse/submit_rows.py catches
+    # CheckViolation and carries on in the same transaction).
     async def caught(tx: Tx) -> int:
         try:
             await tx.execute("INSERT INTO t (id, name, doc) VALUES (%s, 'd', '{')", (IDS[3],))
-        except pymysql.err.OperationalError as exc:
-            return int(exc.args[0])
+        except CheckViolation as exc:
+            return int(exc.code or 0)
         return 0
 
     assert await sdb.transaction(caught) in (4025, 3819)
@@ -287,7 +294,7 @@ async def test_a_killed_connection_is_retried_on_a_new_one(sdb: Database) -> Non
     assert await sdb.fetchone("SELECT COUNT(*) AS c FROM seq") == {"c": 1}
 
 
-async def test_a_full_pool_sheds_and_a_bad_database_raises_pymysql(sdb: Database) -> None:
+async def test_a_full_pool_sheds_and_a_bad_database_raises_a_database_error(sdb: Database) -> None:
     small = await Database.connect(sdb.dsn, maxsize=1, acquire_timeout=0.2, driver=sdb.driver.name)
     try:
         busy = asyncio.Event()
@@ -307,9 +314,9 @@ async def test_a_full_pool_sheds_and_a_bad_database_raises_pymysql(sdb: Database
         assert small.pool_usage() == (1, 1, 1)
     finally:
         await small.close()
-    with pytest.raises(pymysql.err.OperationalError) as info:
+    with pytest.raises(DatabaseError) as info:
         await Database.connect(sdb.dsn.with_database("orbit_no_such_db"), driver=sdb.driver.name)
-    assert info.value.args[0] == 1049
+    assert info.value.code == 1049 and isinstance(info.value, StorageError)
 
 
 def test_the_ids_are_sixteen_bytes() -> None:
@@ -327,7 +334,7 @@ async def test_a_commit_lost_is_outcome_unknown_never_retried(
     sdb: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The driver's own 2013 during COMMIT (after the server committed) → OutcomeUnknown with
-    PyMySQL's OperationalError as its cause; not retried; a re-read decides."""
+    ConnectionLost as its cause; not retried; a re-read decides."""
     errors = importlib.import_module(
         "asyncmy.errors" if sdb.driver.name == "asyncmy" else "pymysql.err"
     )
@@ -348,6 +355,6 @@ async def test_a_commit_lost_is_outcome_unknown_never_retried(
     with pytest.raises(OutcomeUnknown) as info:
         await sdb.transaction(lambda tx: tx.execute("INSERT INTO seq (v) VALUES ('c')"))
     cause = info.value.__cause__
-    assert type(cause) is pymysql.err.OperationalError and cause.args[0] == 2013
+    assert type(cause) is ConnectionLost and cause.code == 2013
     assert sdb.stats.outcome_unknown == 1 and sdb.stats.retries == {}
     assert await sdb.fetchone("SELECT COUNT(*) AS c FROM seq") == {"c": 1}  # it did commit

@@ -30,7 +30,7 @@ import pytest
 from reliability_support import query, record_figures
 
 import orbit.storage.db as storage_db
-from orbit.storage import DSN, Database, OutcomeUnknown, Tx
+from orbit.storage import DSN, Database, DatabaseError, OutcomeUnknown, Tx
 from pulse import submit as submit_service
 from pulse.types import TaskSubmit
 
@@ -234,8 +234,8 @@ async def test_outcome_unknown_over_http_is_503_with_retry_after(
 async def _raises_code(db: Database, fn: Any) -> int | None:
     try:
         await db.transaction(fn)
-    except pymysql.MySQLError as exc:
-        return int(exc.args[0])
+    except DatabaseError as exc:
+        return exc.code
     return None
 
 

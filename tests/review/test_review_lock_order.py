@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import msgspec
-import pymysql
 
 from orbit.ids import parse_id
-from orbit.storage import Database, Tx
+from orbit.storage import Database, LockConflict, Tx
 from pulse import attempts, wire
 from pulse.attempts import Report
 from pulse.dispatch import Dispatcher
@@ -57,8 +56,8 @@ async def test_report_takes_usage_rows_before_the_task_row(db: Database, tenant)
                 (t.namespace_id, bytes.fromhex(task["id"])),
             )
             outcome["holder"] = "ok"
-        except pymysql.err.OperationalError as exc:
-            outcome["holder"] = exc.args[0]
+        except LockConflict as exc:
+            outcome["holder"] = exc.code
 
     hold = asyncio.create_task(db.transaction(holder, retries=0))
     await holder_has_app.wait()

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-import pymysql
 
-from orbit.storage import Database, Tx
+from orbit.storage import Database, LockConflict, Tx
 from pulse import submit
 from pulse.types import TaskSubmit
 
@@ -39,8 +38,8 @@ async def test_dedup_submit_takes_the_application_row_before_the_queue_row(
                 (t.namespace_id, t.queue_id),
             )
             outcome["holder"] = "ok"
-        except pymysql.err.OperationalError as exc:
-            outcome["holder"] = exc.args[0]
+        except LockConflict as exc:
+            outcome["holder"] = exc.code
 
     hold = asyncio.create_task(db.transaction(holder, retries=0))
     await holder_has_app.wait()
