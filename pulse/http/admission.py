@@ -20,7 +20,9 @@ flood, and floods of one tenant must not slow another down:
   (``…/sessions/{sid}/heartbeat``, ``…/attempts/{aid}/heartbeat``): 429 ``rate_limited`` with
   ``Retry-After``.
 * **Cool-down after a refusal.** A stream closed with 1008 leaves its session cooling down
-  until the budget it spent has refilled (at least :data:`COOL_DOWN_MIN_S`): an upgrade of
+  until the budget it spent has refilled (at least :data:`COOL_DOWN_MIN_S`, doubled for each
+  further refusal of the session within :data:`STRIKE_MEMORY_S`, at most
+  :data:`COOL_DOWN_MAX_S`): an upgrade of
   that session's stream meanwhile is refused with HTTP 429 ``rate_limited`` and
   ``Retry-After`` before any authentication or database work, so a flood that reconnects at
   once costs the node an HTTP exchange per attempt, not a session check, a bind and a burst.
@@ -56,6 +58,10 @@ CLOSE_POLICY = 1008
 ADMISSION_KEY = "pulse.admission"
 #: Shortest cool-down of a session whose stream was closed for its budget (seconds).
 COOL_DOWN_MIN_S = 1.0
+#: Longest cool-down (seconds), reached by a session refused again and again.
+COOL_DOWN_MAX_S = 60.0
+#: A refusal this long after the previous one starts the doubling again (seconds).
+STRIKE_MEMORY_S = 300.0
 #: Sessions cooling down that a node remembers (oldest forgotten first).
 COOL_DOWN_MAX_KEYS = 100_000
 
@@ -118,6 +124,7 @@ class Admission:
         self.settings = settings or AdmissionSettings.from_env()
         self._heartbeats = BucketMap(lambda: TokenBucket(1, 1), max_keys=100_000)
         self._cooling: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._strikes: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()
         self._gate = FairGate(
             max(1, self.settings.frame_slots),
             share=min(100, max(1, self.settings.tenant_frame_share_pct)) / 100,
@@ -153,14 +160,23 @@ class Admission:
         """Seconds until the session's heartbeat budget has a heartbeat again."""
         return self._heartbeats.get(info.key, lambda: heartbeat_bucket(info)).retry_after_s()
 
-    def cool_down(self, namespace: str, session_id: str, seconds: float) -> None:
+    def cool_down(self, namespace: str, session_id: str, seconds: float) -> float:
         """Refuse upgrades of the session's stream (``namespace`` and ``session_id`` as in
-        its path) for ``seconds`` (at least :data:`COOL_DOWN_MIN_S`)."""
+        its path) for ``seconds`` (at least :data:`COOL_DOWN_MIN_S`), doubled for each
+        refusal of the session since its last quiet :data:`STRIKE_MEMORY_S`; returns the
+        cool-down given."""
         key = (namespace, session_id)
-        self._cooling[key] = time.monotonic() + max(COOL_DOWN_MIN_S, seconds)
-        self._cooling.move_to_end(key)
-        while len(self._cooling) > COOL_DOWN_MAX_KEYS:
-            self._cooling.popitem(last=False)
+        now = time.monotonic()
+        count, last = self._strikes.get(key, (0, now))
+        count = count + 1 if now - last < STRIKE_MEMORY_S else 1
+        self._strikes[key] = (count, now)
+        wait = min(COOL_DOWN_MAX_S, max(COOL_DOWN_MIN_S, seconds) * 2 ** min(count - 1, 16))
+        self._cooling[key] = now + wait
+        for table in (self._cooling, self._strikes):
+            table.move_to_end(key)
+            while len(table) > COOL_DOWN_MAX_KEYS:
+                table.popitem(last=False)
+        return wait
 
     def cooling(self, namespace: str, session_id: str) -> float:
         """Seconds the session's stream is still cooling down (0: it may connect)."""

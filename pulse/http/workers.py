@@ -298,6 +298,7 @@ class _StreamReader:
         self._admission = admission_of(ctx)
         self._budget = frame_bucket(self._admission.settings, self.info)
         self._errors = error_bucket(self._admission.settings)
+        self._cooled = False
         self._tenant_slots = self._admission.tenant_slots(self.info.application_id)
         self._keyed = KeyedWaitingCheck(conn.info, conn.queues, hub.settings.keyed_check_ms)
 
@@ -366,8 +367,10 @@ class _StreamReader:
             wait = self._errors.retry_after_s(float(self._errors.rate))
         else:
             wait = self._admission.heartbeat_retry_s(self.info)
-        path = self.conn.websocket.path_params
-        self._admission.cool_down(path["ns"], path["sid"], wait)
+        if not self._cooled:  # one cool-down per stream, however many frames were refused
+            self._cooled = True
+            path = self.conn.websocket.path_params
+            self._admission.cool_down(path["ns"], path["sid"], wait)
         await self.conn.send(
             wire.Error(
                 code="rate_limited",

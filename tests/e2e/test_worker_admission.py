@@ -136,6 +136,16 @@ async def test_a_stream_closed_for_its_budget_cools_down(live, client, tenant) -
     async with websockets.connect(url, additional_headers=headers) as ws:
         reply = await Worker(ws).call("heartbeat", attempt_ids=[])
         assert reply["type"] == "heartbeat_ok", reply
+        for i in range(300):  # and floods again: the next cool-down is twice as long
+            await ws.send(json.dumps({"type": "heartbeat", "msg_id": f"g{i}", "attempt_ids": []}))
+        code, _ = await _closed_with(ws, 20)
+    assert code == 1008
+    try:
+        async with websockets.connect(url, additional_headers=headers):
+            raise AssertionError("the upgrade was accepted during the second cool-down")
+    except websockets.InvalidStatus as exc:
+        assert exc.response.status_code == 429
+        assert int(exc.response.headers["Retry-After"]) >= 2
 
 
 async def test_a_stream_of_refused_frames_is_closed_with_1008(live, client, tenant) -> None:
