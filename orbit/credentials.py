@@ -27,8 +27,8 @@ from orbit.idempotency import DEFAULT_RETENTION_S, IdemRequest, Reply, perform
 from orbit.ids import digest, digest_matches, id_hex, new_id, new_secret, parse_id
 from orbit.storage import Database, Tx
 from orbit.store import credentials as store
-from orbit.store import events as events_store
 from orbit.store import namespaces as ns_store
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time, parse_time
 from orbit.types import (
     ACTIONS,
@@ -279,7 +279,7 @@ async def create_credential(
             raise InvalidRequest(str(exc), field="expires_at") from None
 
     async def effect(tx: Tx) -> tuple[int, CredentialOut]:
-        if expires_at is not None and expires_at <= await events_store.clock_now(tx):
+        if expires_at is not None and expires_at <= await clock_now(tx):
             raise InvalidRequest("expires_at is in the past", field="expires_at")
         ns_ids = await _resolve_namespaces(tx, app_id, body.namespaces)
         row, key = await insert_credential(

@@ -53,6 +53,7 @@ from orbit.ids import digest_matches, id_hex
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
 from orbit.store import delivery_ranges as range_store
+from orbit.store.clock import clock_now
 from orbit.store.deliveries import DeliveryRow
 from orbit.store.delivery_ranges import RangeRow
 from orbit.times import format_opt, format_time
@@ -291,7 +292,7 @@ async def ack_round(
         ranges, locked, at = await tx.pipeline(  # ranges, rows and the clock: one round trip
             range_store.range_lock_keys(tx, range_keys),
             store.delivery_lock_keys(tx, row_keys),
-            store.delivery_clock_now(tx, now),
+            clock_now(tx, now),
         )
         edits = delivery_slots.Edits()
         by_range = {(r.namespace_id, r.id): r for r in ranges}
@@ -417,7 +418,7 @@ async def nack(
         if how == "acked":
             raise Conflict("delivery is already acked", kind="delivery_acked")
         if how == "open" and rng is not None:
-            at = now or await store.delivery_clock_now(tx)
+            at = now or await clock_now(tx)
             delay = backoff_ms(1) if retry_after_ms is None else retry_after_ms
             state, next_at = after_failure(1, rng.budget, at, delay)
             row = edits.materialise(rng, index, state=state.value, next_at=next_at, now=at)
@@ -429,7 +430,7 @@ async def nack(
             raise Conflict("delivery is already acked", kind="delivery_acked")
         if row.state != DeliveryState.LEASED:
             return delivery_info(row)
-        at = now or await store.delivery_clock_now(tx)
+        at = now or await clock_now(tx)
         delay = backoff_ms(row.attempts) if retry_after_ms is None else retry_after_ms
         state, next_at = after_failure(row.attempts, row.budget, at, delay)
         if not await store.delivery_requeue_if_revision(
@@ -463,7 +464,7 @@ async def release_many(
     async def run(tx: Tx) -> int:
         keys = sorted({(namespace_id, loc[0]) for loc in located if loc})
         ranges, at = await tx.pipeline(
-            range_store.range_lock_keys(tx, keys), store.delivery_clock_now(tx, now)
+            range_store.range_lock_keys(tx, keys), clock_now(tx, now)
         )
         by_id = {r.id: r for r in ranges}
         edits = delivery_slots.Edits()

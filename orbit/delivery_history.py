@@ -30,6 +30,7 @@ from orbit.ids import id_hex
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
 from orbit.store import delivery_ranges as range_store
+from orbit.store.clock import clock_now
 from orbit.store.deliveries import DeliveryRow
 
 _JSON = msgspec.json.Encoder()
@@ -118,7 +119,7 @@ async def _add_budget_locked(
             slots = edits.slots(rng)
             if slots.is_acked(i):
                 return delivery_info(delivery_slots.slot_row(rng, slots, i))
-            at = now or await store.delivery_clock_now(tx)
+            at = now or await clock_now(tx)
             moved = edits.materialise(
                 rng, i, state=DeliveryState.LEASED.value, next_at=rng.lease_expires_at,
                 lease_expires_at=rng.lease_expires_at, budget=rng.budget + add, now=at,
@@ -132,7 +133,7 @@ async def _add_budget_locked(
             return delivery_info(moved)
     if row.state == DeliveryState.ACKED:
         return delivery_info(row)
-    at = now or await store.delivery_clock_now(tx)
+    at = now or await clock_now(tx)
     revive = row.state == DeliveryState.EXHAUSTED
     ok = await store.delivery_set_budget_if_revision(
         tx,

@@ -41,6 +41,7 @@ from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
 from orbit.store import delivery_ranges as range_store
 from orbit.store import subscriptions as sub_store
+from orbit.store.clock import clock_now
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.subscriptions import compile_filter
 
@@ -359,7 +360,7 @@ async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch
 
     async def run(tx: Tx) -> list[LeaseBatch | OrbitError]:
         subs, at = await tx.pipeline(
-            sub_store.subscription_lock_keys(tx, keys), store.delivery_clock_now(tx)
+            sub_store.subscription_lock_keys(tx, keys), clock_now(tx)
         )
         locked = [s for s in subs if (s.namespace_id, s.id) in wants]
         done = await tx.pipeline(*(_lease_locked(tx, s, wants[(s.namespace_id, s.id)], at)
@@ -459,7 +460,7 @@ async def _lock_with_clock(
     clock): ONE round trip."""
     sub, at = await tx.pipeline(
         sub_store.subscription_lock(tx, namespace_id, subscription_id, skip_locked=skip_locked),
-        store.delivery_clock_now(tx, now),
+        clock_now(tx, now),
     )
     return sub, at
 

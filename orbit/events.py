@@ -30,6 +30,7 @@ import msgspec
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
 from orbit.store import events as store
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time
 
 #: Task state → result event type (docs/api/admin.md#result-events).
@@ -202,7 +203,7 @@ async def append_events_across(
     ``events``; return the batch rows' ids (in the order their first event came)."""
     if not events:
         return []
-    stamp = now or await store.clock_now(tx)
+    stamp = now or await clock_now(tx)
     groups: dict[tuple[bytes, str, str], list[bytes]] = {}
     encoded: dict[int, bytes] = {}  # one encoding per data object (a batch shares them)
     for ns, e in events:

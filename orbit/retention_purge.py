@@ -38,6 +38,7 @@ from orbit.store import delivery_ranges as range_store
 from orbit.store import events as event_store
 from orbit.store import retention as store
 from orbit.store import subscriptions as subscription_store
+from orbit.store.clock import clock_now
 from orbit.store.retention import RetentionRow
 
 log = logging.getLogger("orbit.retention")
@@ -288,7 +289,7 @@ class RetentionPurge:
             row = await store.retention_get(tx, ns)
             if row is None:
                 return None
-            now = await event_store.clock_now(tx)
+            now = await clock_now(tx)
             floors = [t for h in self.holders if (t := await h(tx, ns)) is not None]
             hours = row.idempotency_hours
             return PurgePass(

@@ -40,7 +40,6 @@ from typing import Any
 from orbit.errors import Conflict
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
-from orbit.store.events import clock_now
 from orbit.times import format_opt, format_time
 from pulse import permits, transitions, wire
 from pulse.attempt_rules import (
@@ -70,11 +69,6 @@ Row = dict[str, Any]
 Change = tuple[Row, str, Mapping[str, Any] | None]
 
 # -- locking ---------------------------------------------------------------------------------
-
-
-async def now_in_tx(tx: Tx, now: datetime | None) -> datetime:
-    """``now`` when pinned (tests), else the database clock."""
-    return now if now is not None else await clock_now(tx)
 
 
 async def lock_chain(
@@ -467,7 +461,6 @@ __all__ = [
     "lock_chain",
     "lose_running",
     "ms",
-    "now_in_tx",
     "plan_report",
     "release_offer",
     "report",

@@ -71,8 +71,9 @@ from orbit.ids import id_hex, new_id
 from orbit.metrics import Registry
 from orbit.shards import shard_group
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from pulse import transitions, wire
-from pulse.attempts import Change, now_in_tx
+from pulse.attempts import Change
 from pulse.dispatch_round import NodeRound
 from pulse.hub import CLOSE_REPLACED, CLOSE_SESSION_GONE, Connection, Hub
 from pulse.sessions import QueueRef
@@ -480,7 +481,7 @@ class Dispatcher:
         k = len(conns)
         got = await tx.pipeline(
             *(session_store.session_lock(tx, ns, conns[i].info.session_id) for i in order),
-            now_in_tx(tx, now),
+            clock_now(tx, now),
             *(session_store.session_count_held(tx, ns, conns[i].info.session_id) for i in order),
             queue_store.gate_get_many(
                 tx, ns, [queue_store.NAMESPACE_GATE, *(q.id for q in queues)]

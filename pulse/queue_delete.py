@@ -29,10 +29,10 @@ from orbit.errors import Conflict
 from orbit.ids import id_hex
 from orbit.preconditions import Preconditions
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from pulse.errors import QueueNotFound
 from pulse.store import queues as store
 from pulse.store import schedules as schedule_store
-from pulse.store import tasks as task_store
 from pulse.store import workers_view as session_store
 
 #: Schedules and sessions named in a 409 at most.
@@ -79,7 +79,7 @@ async def delete_queue(
     pre = pre or Preconditions()
 
     async def run(tx: Tx) -> None:
-        stamp = await task_store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         row = await store.queue_get_by_name(tx, namespace_id, name, for_update=True)
         if row is None:
             raise QueueNotFound()

@@ -27,11 +27,11 @@ from orbit.errors import InvalidRequest
 from orbit.http.etag import Preconditions
 from orbit.ids import id_hex, new_id
 from orbit.storage import Database, DuplicateKey, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_opt
 from pulse import retry_bounds, transitions
 from pulse.errors import CursorMismatch, QueueNotFound
 from pulse.store import queues as store
-from pulse.store import tasks as task_store
 from pulse.store import watchdog as watchdog_store
 from pulse.types import QueuePut, RetryPolicy, TaskState
 
@@ -235,7 +235,7 @@ async def put_queue(
     config = _config(body)
 
     async def run(tx: Tx) -> PutResult:
-        stamp = await task_store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         row = await store.queue_get_by_name(tx, namespace_id, name, for_update=True)
         if row is None:
             pre.check(None)
@@ -421,7 +421,7 @@ async def _set_gate(
     actor: Actor | None = None,
     queue_name: str | None = None,
 ) -> None:
-    stamp = await task_store.clock_now(tx, now)
+    stamp = await clock_now(tx, now)
     # Decide under the gate's row lock: two concurrent pauses must make ONE change (one
     # event, one audit row), the second one being the idempotent no-op.
     before = await store.gate_lock(tx, namespace_id, queue_id)

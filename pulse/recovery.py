@@ -34,8 +34,9 @@ from orbit import events as orbit_events
 from orbit.ids import id_hex
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from pulse import transitions
-from pulse.attempts import Change, lock_chain, lose_running, now_in_tx, release_offer
+from pulse.attempts import Change, lock_chain, lose_running, release_offer
 from pulse.hub import Hub
 from pulse.rounds import run_rounds
 from pulse.sessions import EVENT_SESSION_EXPIRED, WorkerSettings
@@ -221,7 +222,7 @@ class Recovery:
         self, namespace_id: bytes, session_id: bytes, now: datetime | None
     ) -> bool:
         async def run(tx: Tx) -> bool:
-            t = await now_in_tx(tx, now)
+            t = await clock_now(tx, now)
             if not await session_store.session_expire_if_due(tx, namespace_id, session_id, t):
                 return False
             await orbit_events.append_event(

@@ -35,6 +35,7 @@ from orbit.business_json import enc_hook
 from orbit.errors import Conflict, InvalidRequest
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_time, parse_time
 from pulse import transitions
 from pulse.errors import QueueQuotaExceeded, TaskNotFound, TaskStateConflict
@@ -202,7 +203,7 @@ async def rerun_task(
         raise TaskNotFound()
 
     async def run(tx: Tx) -> tuple[dict[str, Any], bytes]:
-        stamp = await task_store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         peek = await task_store.task_get(tx, namespace_id, tid)
         if peek is None:
             raise TaskNotFound()
@@ -276,7 +277,7 @@ async def rerun_bulk(
     since = _time(body.finished_after, "finished_after", _EPOCH)
 
     async def start(tx: Tx) -> tuple[datetime, bytes | None, bool]:
-        stamp = await task_store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         if body.queue is None:
             return stamp, None, True
         q = await queue_store.queue_get_by_name(tx, namespace_id, body.queue)
@@ -306,7 +307,7 @@ async def rerun_bulk(
     position: tuple[datetime, bytes] = (_EPOCH, b"")
 
     async def step(tx: Tx) -> tuple[int, int, set[bytes], tuple[datetime, bytes] | None]:
-        t = await task_store.clock_now(tx, now)
+        t = await clock_now(tx, now)
         candidates = await store.task_rerun_candidates(
             tx, namespace_id, filters, position[0], position[1], batch
         )

@@ -42,6 +42,7 @@ from orbit.idempotency import IdemRequest, Reply
 from orbit.ids import id_hex, new_id
 from orbit.preconditions import Preconditions
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_time, parse_time
 from pulse import transitions
 from pulse.cron import ONE_US, Segment, Timeline, local_text
@@ -129,7 +130,7 @@ async def trigger_schedule(
 
     async def effect(tx: Tx) -> tuple[int, Any]:
         row = await _visible_row(tx, namespace_id, name, allowed_queues, for_update=True)
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         if key is not None:
             found = await store.occurrence_get_by_trigger_key(tx, namespace_id, row["id"], key)
             if found is not None:
@@ -246,7 +247,7 @@ async def backfill_schedule(
 
     async def run(tx: Tx) -> Backfilled:
         row = await _visible_row(tx, namespace_id, name, allowed_queues, for_update=True)
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         if lo >= stamp:
             raise InvalidRequest("from must be in the past", field="from")
         end = min(hi, row["covered_until"])
@@ -360,7 +361,7 @@ async def delete_schedule(
     async def run(tx: Tx) -> None:
         row = await _visible_row(tx, namespace_id, name, allowed_queues, for_update=True)
         pre.check(int(row["revision"]))
-        stamp = await store.clock_now(tx, None)
+        stamp = await clock_now(tx, None)
         if not await store.schedule_delete_if_revision(
             tx, namespace_id, row["id"], int(row["revision"])
         ):  # pragma: no cover - the row is locked

@@ -53,6 +53,7 @@ from orbit import events as orbit_events
 from orbit.ids import id_hex, new_id
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_time
 from pulse import schedule_overlap, transitions
 from pulse.cron import (
@@ -627,7 +628,7 @@ class Scheduler:
         claimed: dict[str, Any] = {}
 
         async def run(tx: Tx) -> Advance | None:
-            t = await store.clock_now(tx, pinned)
+            t = await clock_now(tx, pinned)
             row = await store.schedule_claim_due(tx, t)
             if row is None:
                 return None

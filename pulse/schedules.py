@@ -35,6 +35,7 @@ from orbit.ids import id_hex, new_id
 from orbit.pagination import decode_cursor, encode_cursor
 from orbit.preconditions import Preconditions
 from orbit.storage import Database, DuplicateKey, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time, parse_time
 from pulse.cron import CronError, local_text, make_timing, tzdata_version
 from pulse.errors import PulseError, QueueNotFound
@@ -346,7 +347,7 @@ async def put_schedule(
     fields = version_fields(body)
 
     async def run(tx: Tx) -> PutResult:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         row = await store.schedule_get_by_name(tx, namespace_id, name, for_update=True)
         if row is not None and allowed_queues is not None:
             await _visible_row(tx, namespace_id, name, allowed_queues)
@@ -478,7 +479,7 @@ async def get_schedule(
     """The schedule view; 404 when absent (or of a queue the key may not use)."""
 
     async def run(tx: Tx) -> dict[str, Any]:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         row = await _visible_row(tx, namespace_id, name, allowed_queues)
         return await _view(tx, row, stamp)
 
@@ -499,7 +500,7 @@ async def list_schedules(
     after = str(position.get("n", "")) if position else ""
 
     async def run(tx: Tx) -> dict[str, Any]:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         rows = await store.schedule_list_after(tx, namespace_id, after, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
@@ -575,7 +576,7 @@ async def pause_schedule(
 
         async def run(tx: Tx) -> dict[str, Any] | None:
             row = await _visible_row(tx, namespace_id, name, allowed_queues, for_update=True)
-            stamp = await store.clock_now(tx, now)
+            stamp = await clock_now(tx, now)
             if row["paused"]:
                 return await _view(tx, row, stamp)
             adv = await advance(tx, row, stamp, limit=DEFAULT_BATCH, request_id=request_id)
@@ -607,7 +608,7 @@ async def resume_schedule(
 
     async def run(tx: Tx) -> dict[str, Any]:
         row = await _visible_row(tx, namespace_id, name, allowed_queues, for_update=True)
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         if not row["paused"]:
             return await _view(tx, row, stamp)
         current = dict(row)

@@ -27,10 +27,11 @@ from orbit import events as orbit_events
 from orbit.errors import Conflict, Forbidden, InvalidRequest, Unauthenticated
 from orbit.ids import digest, digest_matches, id_hex, new_id, new_secret, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time
 from orbit.types import NAME_RE
 from pulse import transitions, wire
-from pulse.attempts import Change, lose_running, now_in_tx, release_offer
+from pulse.attempts import Change, lose_running, release_offer
 from pulse.errors import QueueNotFound
 from pulse.keyed_waiting import keyed_waiting_queues
 from pulse.rounds import settings_from_env
@@ -168,7 +169,7 @@ async def create_session(
     token = format_token(namespace_id, session_id, secret)
 
     async def run(tx: Tx) -> wire.SessionCreated:
-        t = await now_in_tx(tx, now)
+        t = await clock_now(tx, now)
         leases: list[int] = []
         queue_ids: list[tuple[str, bytes]] = []
         for name in queues:
@@ -381,7 +382,7 @@ async def outstanding_offers(
     """The session's unexpired offers (re-sent when its stream reconnects)."""
 
     async def run(tx: Tx) -> list[wire.Offer]:
-        t = await now_in_tx(tx, now)
+        t = await clock_now(tx, now)
         rows = await store.session_list_offered(tx, namespace_id, session_id, t)
         return [
             wire.offer_from_row(
@@ -454,7 +455,7 @@ async def close_session(
         task_ids = [p["task_id"] for p in peeks.values()]
         tasks = await attempt_store.task_lock_many(tx, namespace_id, task_ids)
         locked = await attempt_store.attempt_lock_many(tx, namespace_id, list(peeks), now)
-        t = next(iter(locked.values()))["db_now"] if locked else await now_in_tx(tx, now)
+        t = next(iter(locked.values()))["db_now"] if locked else await clock_now(tx, now)
         if not await store.session_close_if_active(tx, namespace_id, session_id, t):
             raise Conflict("session changed while locked", kind="session")  # pragma: no cover
         changes: list[Change] = []

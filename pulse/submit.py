@@ -34,6 +34,7 @@ from typing import Any
 from orbit import events as orbit_events
 from orbit.errors import OrbitError
 from orbit.storage import Tx
+from orbit.store.clock import clock_now
 from pulse import retry_bounds, transitions
 from pulse.errors import QueueNotFound, QueueQuotaExceeded
 from pulse.store import queues as queue_store
@@ -93,7 +94,7 @@ async def submit_in_tx(
     # The clock and the queues by name (unknown → 404 per item): ONE round trip.
     names = sorted({p.body.queue for p in prepared})
     stamp, *found = await tx.pipeline(
-        store.clock_now(tx, now),
+        clock_now(tx, now),
         *(queue_store.queue_get_by_name(tx, namespace_id, name) for name in names),
     )
     queues: dict[str, dict[str, Any]] = {

@@ -33,8 +33,9 @@ from typing import Any
 
 from orbit.ids import id_hex, new_id
 from orbit.storage import Tx
+from orbit.store.clock import clock_now
 from pulse import transitions, wire
-from pulse.attempts import Change, now_in_tx
+from pulse.attempts import Change
 from pulse.hub import Connection, Hub
 from pulse.store import attempts as attempt_store
 from pulse.store import dispatch as dispatch_store
@@ -114,7 +115,7 @@ class IdleOffer:
         queue_ids = sorted(due)
         got = await tx.pipeline(
             session_store.session_lock_offer_skip_locked(tx, namespace_id, ids),
-            now_in_tx(tx, now),
+            clock_now(tx, now),
             session_store.session_count_held_many(tx, namespace_id, ids),
             queue_store.gate_get_many(tx, namespace_id, [queue_store.NAMESPACE_GATE, *queue_ids]),
             *(

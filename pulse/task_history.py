@@ -23,6 +23,7 @@ from orbit import pagination
 from orbit.errors import InvalidRequest
 from orbit.ids import id_hex, parse_id
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_time, parse_time
 from pulse.errors import TaskNotFound
 from pulse.store import tasks as store
@@ -93,7 +94,7 @@ async def task_events(
         if row["finished_at"] is not None:
             until = row["finished_at"] + _MICROSECOND
         else:
-            until = await store.clock_now(tx, None) + _MICROSECOND
+            until = await clock_now(tx, None) + _MICROSECOND
         found: list[orbit_events.RawEvent] = []
         resume: datetime | None = since
         for _ in range(SCANS_PER_PAGE):

@@ -29,6 +29,7 @@ from orbit.business_json import check_json_text, enc_hook
 from orbit.errors import InvalidRequest
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time
 from pulse import transitions
 from pulse.errors import TaskNotFound, TaskStateConflict
@@ -322,7 +323,7 @@ async def cancel_task(
     tid = _task_id(task_id)
 
     async def run(tx: Tx) -> CancelOutcome:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         peek = await store.task_get(tx, namespace_id, tid)
         if peek is None:
             raise TaskNotFound()
@@ -399,7 +400,7 @@ async def cancel_in_tx(
     ids = sorted(set(task_ids))
     if not ids:
         return []
-    stamp = await store.clock_now(tx, now)
+    stamp = await clock_now(tx, now)
     peek = await store.task_get_many(tx, namespace_id, ids)
     todo = [r for r in peek.values() if _cancellable(r)]
     if not todo:
@@ -441,7 +442,7 @@ async def cancel_bulk(
     total = {"cancelled": 0, "cancel_requested": 0}
 
     async def run(tx: Tx) -> tuple[int, int, list[tuple[bytes, bytes]], bool]:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         queue_id: bytes | None = None
         if queue is not None:
             q = await queue_store.queue_get_by_name(tx, namespace_id, queue)
@@ -531,7 +532,7 @@ async def resolve_task(
         error_obj = {"type": "operator_failed", "message": body.note}
 
     async def run(tx: Tx) -> tuple[dict[str, Any], bytes | None]:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         peek = await store.task_get(tx, namespace_id, tid)
         if peek is None:
             raise TaskNotFound()
@@ -639,7 +640,7 @@ async def expire_deadlines_once(
     """
 
     async def run(tx: Tx) -> int:
-        stamp = await store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         candidates = await store.task_expire_candidates(tx, stamp, limit)
         if not candidates:
             return 0

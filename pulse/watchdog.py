@@ -45,10 +45,10 @@ from orbit import events as orbit_events
 from orbit.ids import id_hex
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_time
 from pulse import stuck_causes, transitions
 from pulse.rounds import run_rounds, settings_from_env
-from pulse.store import tasks as task_store
 from pulse.store import watchdog as store
 
 log = logging.getLogger("pulse.watchdog")
@@ -123,7 +123,7 @@ async def surface_queue(
     pins the clock (tests); otherwise the database clock decides."""
 
     async def run(tx: Tx) -> list[dict[str, Any]]:
-        t = await task_store.clock_now(tx, now)
+        t = await clock_now(tx, now)
         claimed: list[dict[str, Any]] = []
         for state in WATCHED_STATES:
             room = limit - len(claimed)
@@ -290,7 +290,7 @@ class Watchdog:
 
     async def _count(self, q: dict[str, Any], now: datetime | None) -> dict[str, int]:
         async def run(tx: Tx) -> dict[str, int]:
-            t = await task_store.clock_now(tx, now)
+            t = await clock_now(tx, now)
             return await store.count_surfaced(
                 tx, q["namespace_id"], q["id"], int(q["stuck_after_ms"]), t
             )

@@ -27,10 +27,10 @@ from orbit.errors import InvalidRequest, NotFound
 from orbit.ids import id_hex, parse_id
 from orbit.pagination import decode_cursor, encode_cursor
 from orbit.storage import Database, Tx
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time
 from pulse import sessions, wire
 from pulse.store import sessions as session_store
-from pulse.store import tasks as task_store
 from pulse.store import workers_view as store
 
 #: Attempts listed per session at most (``in_flight`` counts them all).
@@ -131,7 +131,7 @@ async def list_workers(
         after = parsed
 
     async def run(tx: Tx) -> dict[str, Any]:
-        stamp = await task_store.clock_now(tx, now)
+        stamp = await clock_now(tx, now)
         rows = await store.session_page(tx, namespace_id, state, queue, after, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]

@@ -40,7 +40,7 @@ from orbit.business_json import enc_hook
 from orbit.errors import OrbitError
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
-from orbit.store.events import clock_now
+from orbit.store.clock import clock_now
 from pulse.tasks import call_hub
 from weave.engine import AfterCommit, Run
 from weave.inbox import apply_events, apply_pending, install_hook

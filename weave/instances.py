@@ -39,7 +39,7 @@ from orbit.ids import id_hex, new_id, parse_id
 from orbit.pagination import encode_cursor
 from orbit.preconditions import Preconditions
 from orbit.storage import Database, DuplicateKey, Tx
-from orbit.store.events import clock_now
+from orbit.store.clock import clock_now
 from orbit.times import format_opt, format_time
 from weave.advancer import push_after_commit
 from weave.definition import jsonvalue

@@ -33,7 +33,7 @@ from orbit.errors import InvalidRequest
 from orbit.idempotency import IdemRequest, Reply, perform
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, DuplicateKey, Tx
-from orbit.store.events import clock_now
+from orbit.store.clock import clock_now
 from orbit.times import format_time
 from orbit.types import check_name
 from weave.definition import jsonvalue

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from orbit.storage import Database, Tx
-from orbit.store.events import clock_now
+from orbit.store.clock import clock_now
 from weave.inbox import write_event
 from weave.store import waits as wait_store
 from weave.types import InboxKind

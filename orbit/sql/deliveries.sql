@@ -7,9 +7,6 @@
 -- (namespace_id, subscription_id, state, next_at, seq) answers both "what is due" and
 -- "which leases expired", in hand-out order, without a sort.
 
--- name: delivery_clock_now
-SELECT UTC_TIMESTAMP(6) AS now
-
 -- name: delivery_insert_many
 -- Plain placeholders only, so the driver sends one multi-row INSERT. No ON DUPLICATE KEY:
 -- a duplicate (subscription, seq) means two pumps raced past the row lock, and the unique

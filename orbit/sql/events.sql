@@ -9,9 +9,6 @@ VALUES
   (%(namespace_id)s, %(id)s, %(type)s, %(subject_kind)s, %(subjects)s, %(entries)s,
    %(created_at)s)
 
--- name: clock_now
-SELECT UTC_TIMESTAMP(6) AS now
-
 -- name: event_list_for_subject
 -- Rows written before raw events were batches (orbit_event_batches), on ix_orbit_events_subject.
 SELECT namespace_id, id, type, subject_kind, subject_id, data, request_id, created_at

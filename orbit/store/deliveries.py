@@ -50,15 +50,6 @@ def _rows(rows: Sequence[dict[str, Any]]) -> list[DeliveryRow]:
     return [msgspec.convert(r, DeliveryRow) for r in rows]
 
 
-async def delivery_clock_now(tx: Tx, now: datetime | None = None) -> datetime:
-    """The database clock (UTC), read once per transaction that decides leases; ``now``
-    instead when the caller pinned it (tests)."""
-    if now is not None:
-        return now
-    value: datetime = await tx.fetchval(Q.delivery_clock_now)
-    return value
-
-
 async def delivery_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
     """Insert deliveries with one multi-row INSERT.
 

@@ -11,12 +11,6 @@ from orbit.storage import Tx, load_queries
 Q = load_queries(__file__, "events")
 
 
-async def clock_now(tx: Tx) -> datetime:
-    """The database clock (UTC)."""
-    value: datetime = await tx.fetchval(Q.clock_now)
-    return value
-
-
 async def event_batch_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
     """Insert raw-event batch rows in one multi-row INSERT (``created_at`` must be set)."""
     if rows:

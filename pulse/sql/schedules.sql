@@ -8,9 +8,6 @@
 -- (application resources -> queue usage -> tasks -> result stream). Nothing else locks
 -- schedule rows.
 
--- name: schedule_clock_now
-SELECT COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS now
-
 -- name: schedule_columns
 namespace_id, id, name, owner_id, current_version, paused, control_revision, check_at,
   covered_until, last_task_id, buffered_fire_at, buffered_version, revision, created_at,

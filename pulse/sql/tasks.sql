@@ -225,9 +225,6 @@ WHERE namespace_id = %(namespace_id)s AND task_id = %(task_id)s
 ORDER BY generation DESC, offered_at DESC, id DESC
 LIMIT 1
 
--- name: clock_now
-SELECT COALESCE(%(now)s, UTC_TIMESTAMP(6)) AS now
-
 -- name: task_purge_candidates
 -- Retention purge (pulse/task_purge.py): finished tasks of one state whose state changed
 -- before the cutoff, oldest first after the pass's cursor, on ix_pulse_tasks_state_age;

@@ -36,15 +36,6 @@ TRIGGER_KEY_INDEX = "uq_pulse_schedule_occurrences_trigger"
 VERSION_INDEX = "uq_pulse_schedule_versions_version"
 
 
-async def clock_now(tx: Tx, now: datetime | None) -> datetime:
-    """``now`` when given (tests pin the clock), else the database clock."""
-    if now is not None:
-        return now
-    value = await tx.fetchval(Q.schedule_clock_now, {"now": None})
-    assert isinstance(value, datetime)
-    return value
-
-
 async def schedule_get_by_name(
     tx: Tx, namespace_id: bytes, name: str, *, for_update: bool = False
 ) -> Row | None:

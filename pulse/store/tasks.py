@@ -27,15 +27,6 @@ Row = dict[str, Any]
 IDENTITY_INDEX = "uq_pulse_tasks_identity"
 
 
-async def clock_now(tx: Tx, now: datetime | None) -> datetime:
-    """``now`` when given (tests pin the clock), else the database clock."""
-    if now is not None:
-        return now
-    value = await tx.fetchval(Q.clock_now, {"now": None})
-    assert isinstance(value, datetime)
-    return value
-
-
 async def task_get(
     tx: Tx, namespace_id: bytes, task_id: bytes, *, for_update: bool = False
 ) -> Row | None:

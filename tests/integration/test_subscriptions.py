@@ -17,6 +17,7 @@ from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as dstore
 from orbit.store import subscriptions as sub_store
+from orbit.store.clock import clock_now
 from orbit.subscriptions import StartAfterSeq, SubscriptionFilter, SubscriptionPut
 
 
@@ -173,7 +174,7 @@ async def test_unique_key_is_last_line_of_defence(db: Database) -> None:
     existing = (await _rows(db, t, row.id))[0]
 
     async def dup(tx: Tx) -> None:
-        now = await dstore.delivery_clock_now(tx)
+        now = await clock_now(tx)
         await dstore.delivery_insert_many(
             tx,
             [
@@ -497,7 +498,7 @@ async def test_hand_out_writes_one_range_row_and_no_delivery_row(db: Database) -
         sub = await sub_store.subscription_lock(tx, t.namespace_id, row.id)
         assert sub is not None
         out, *_ = await delivery_pump.hand_out_locked(
-            tx, sub, 100, await dstore.delivery_clock_now(tx)
+            tx, sub, 100, await clock_now(tx)
         )
         after = await status(tx)
         return len(out), {k: after[k] - before[k] for k in ("Handler_write", "Handler_update")}
@@ -562,7 +563,7 @@ async def test_rows_from_before_ranges_are_served_as_exceptions(db: Database) ->
     old_proof = new_secret(24)
 
     async def legacy(tx: Tx) -> None:
-        now = await dstore.delivery_clock_now(tx)
+        now = await clock_now(tx)
         base = {"namespace_id": t.namespace_id, "subscription_id": row.id, "budget": 5,
                 "acked_at": None, "revision": 1, "created_at": now, "updated_at": now}  # fmt: skip
         await dstore.delivery_insert_many(tx, [
