@@ -21,7 +21,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
 from starlette.websockets import WebSocket, WebSocketState
 
@@ -224,6 +225,21 @@ class PollConnection(Connection):
         self.closed = True
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class Notifier(Protocol):
+    """What services tell this node's workers after COMMIT: new work to offer, a running
+    attempt to stop. The :class:`Hub` is the one the server runs; tests pass a recorder.
+    Services call it through :func:`pulse.tasks.call_hub`, which never raises (a lost push
+    is repaired by polling and lease expiry)."""
+
+    def notify_new_work(
+        self, namespace_id: bytes | None = None, queue_id: bytes | None = None
+    ) -> Awaitable[None] | None: ...
+
+    def request_cancel(
+        self, namespace_id: bytes, task_id: bytes, attempt_id: bytes
+    ) -> Awaitable[bool | None]: ...
 
 
 class Hub:

@@ -24,7 +24,7 @@ After COMMIT the dispatcher is woken for the queues that got work back.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -45,6 +45,9 @@ from pulse.store import rerun as store
 from pulse.store import tasks as task_store
 from pulse.tasks import NO_ATTEMPT, call_hub
 from pulse.types import Name
+
+if TYPE_CHECKING:
+    from pulse.hub import Notifier
 
 #: Tasks re-run per transaction by a bulk re-run.
 BULK_BATCH = 500
@@ -192,7 +195,7 @@ async def rerun_task(
     body: Rerun,
     *,
     actor: Actor,
-    hub: Any = None,
+    hub: Notifier | None = None,
     request_id: str | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
@@ -261,7 +264,7 @@ async def rerun_bulk(
     body: RerunBulk,
     *,
     actor: Actor,
-    hub: Any = None,
+    hub: Notifier | None = None,
     batch: int = BULK_BATCH,
     request_id: str | None = None,
     now: datetime | None = None,

@@ -5,7 +5,7 @@
     for loop in loops: tasks.append(asyncio.create_task(loop(stop)))
 
 ``install`` puts the :class:`~pulse.hub.Hub` at ``ctx.extras["pulse.hub"]`` (the tasks side
-and the HTTP routes find it there), and the dispatcher and recovery objects at
+and the HTTP routes read it with :func:`installed_hub`, the loops with :func:`hub_of`), and the dispatcher and recovery objects at
 ``ctx.extras["pulse.dispatcher"]`` / ``ctx.extras["pulse.recovery"]`` (each has
 ``run_once()`` for tests and tools). Each loop is ``async def run(stop=None)``: it runs until
 the ``stop`` event is set (the server's lifespan contract, ``cmd/orbit_cmd/server.py``) or the
@@ -15,15 +15,17 @@ task is cancelled.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from orbit.context import AppContext
 from pulse import queue_gauges
 from pulse.dispatch import Dispatcher
-from pulse.hub import Hub
+from pulse.hub import Hub, Notifier
 from pulse.recovery import Recovery
 from pulse.sessions import WorkerSettings
 from pulse.watchdog import Watchdog
 
+#: ``ctx.extras`` key of the node's hub: read it only through :func:`installed_hub` /
+#: :func:`hub_of`.
 HUB_KEY = "pulse.hub"
 DISPATCHER_KEY = "pulse.dispatcher"
 RECOVERY_KEY = "pulse.recovery"
@@ -31,7 +33,7 @@ RECOVERY_KEY = "pulse.recovery"
 WATCHDOG_KEY = "pulse.watchdog"
 
 
-def install(ctx: Any, settings: WorkerSettings | None = None) -> Hub:
+def install(ctx: AppContext, settings: WorkerSettings | None = None) -> Hub:
     """Create this node's hub (once) and store it at ``ctx.extras["pulse.hub"]``."""
     hub = ctx.extras.get(HUB_KEY)
     if not isinstance(hub, Hub):
@@ -52,12 +54,20 @@ def install(ctx: Any, settings: WorkerSettings | None = None) -> Hub:
     return hub
 
 
-def hub_of(ctx: Any) -> Hub:
+def hub_of(ctx: AppContext) -> Hub:
     """The node's hub (installed on first use)."""
     return install(ctx)
 
 
-def background_loops(ctx: Any) -> list[Callable[..., Awaitable[None]]]:
+def installed_hub(ctx: AppContext) -> Notifier | None:
+    """The node's hub when the worker side is installed (:func:`install`; a test may put its
+    own :class:`~pulse.hub.Notifier` there), else None: an app that serves only the producer
+    routes has no worker streams to push to or wake."""
+    hub: Notifier | None = ctx.extras.get(HUB_KEY)
+    return hub
+
+
+def background_loops(ctx: AppContext) -> list[Callable[..., Awaitable[None]]]:
     """The dispatcher and recovery loops of this node: ``loop(stop)`` runs until ``stop`` is
     set (or until cancelled; ``stop`` may be omitted)."""
     hub = install(ctx)
@@ -69,7 +79,7 @@ def background_loops(ctx: Any) -> list[Callable[..., Awaitable[None]]]:
     return [dispatcher.run, recovery.run]
 
 
-def watchdog_loop(ctx: Any) -> Callable[..., Awaitable[None]]:
+def watchdog_loop(ctx: AppContext) -> Callable[..., Awaitable[None]]:
     """The stuck-work watchdog loop of this node (``pulse.watchdog``); the watchdog object is
     kept at ``ctx.extras["pulse.watchdog"]`` (``run_once()`` for tests and tools)."""
     watchdog = ctx.extras.get(WATCHDOG_KEY)

@@ -45,7 +45,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -70,6 +70,9 @@ from pulse.store import queues as queue_store
 from pulse.store import schedules as store
 from pulse.submit import submit_in_tx
 from pulse.types import TaskSubmit
+
+if TYPE_CHECKING:
+    from pulse.hub import Notifier
 
 log = logging.getLogger("pulse.scheduler")
 
@@ -587,7 +590,7 @@ class Scheduler:
         db: Database,
         now: Clock = None,
         *,
-        hub: Any = None,
+        hub: Notifier | None = None,
         metrics: Registry | None = None,
         batch: int = DEFAULT_BATCH,
         max_steps: int = 1000,
@@ -715,7 +718,7 @@ async def run_forever(
     interval: float = 1.0,
     *,
     stop: asyncio.Event | None = None,
-    hub: Any = None,
+    hub: Notifier | None = None,
     metrics: Registry | None = None,
 ) -> None:
     """Run a :class:`Scheduler` on the database clock until cancelled or ``stop`` is set."""

@@ -8,7 +8,7 @@ its row lock and writes its raw event, and for CANCELLED/SUCCEEDED/FAILED its re
 in the same transaction.
 
 Hub calls (``request_cancel``, ``notify_new_work``) happen only after COMMIT and only when a
-hub is given (``ctx.extras.get("pulse.hub")``): a transaction may be retried, a push cannot.
+hub is given (``pulse.runtime.installed_hub(ctx)``): a transaction may be retried, a push cannot.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -39,6 +39,9 @@ from pulse.store import queues as queue_store
 from pulse.store import tasks as store
 from pulse.store import watchdog as watchdog_store
 from pulse.types import Resolve, ResolveAction, TaskListFilters, TaskState
+
+if TYPE_CHECKING:
+    from pulse.hub import Notifier
 
 log = logging.getLogger("pulse.tasks")
 
@@ -307,7 +310,7 @@ async def cancel_task(
     namespace_id: bytes,
     task_id: str,
     *,
-    hub: Any = None,
+    hub: Notifier | None = None,
     actor: Actor | None = None,
     request_id: str | None = None,
     now: datetime | None = None,
@@ -359,14 +362,14 @@ async def cancel_task(
     return outcome
 
 
-async def _notify_cancel(hub: Any, namespace_id: bytes, items: list[tuple[bytes, bytes]]) -> None:
+async def _notify_cancel(hub: Notifier | None, namespace_id: bytes, items: list[tuple[bytes, bytes]]) -> None:
     if hub is None or not items:
         return
     for task_id, attempt_id in items:
         await call_hub(hub, "request_cancel", namespace_id, task_id, attempt_id)
 
 
-async def call_hub(hub: Any, method: str, *args: Any) -> None:
+async def call_hub(hub: Notifier | None, method: str, *args: Any) -> None:
     """Call ``hub.<method>(*args)`` when the hub has it (sync or async); never raises: the
     change is committed, a lost push is repaired by polling and lease expiry."""
     fn = getattr(hub, method, None)
@@ -422,7 +425,7 @@ async def cancel_bulk(
     owner_id: str | None = None,
     queue: str | None = None,
     kind: str | None = None,
-    hub: Any = None,
+    hub: Notifier | None = None,
     batch: int = BULK_CANCEL_BATCH,
     actor: Actor | None = None,
     request_id: str | None = None,
@@ -507,7 +510,7 @@ async def resolve_task(
     body: Resolve,
     *,
     actor: Actor,
-    hub: Any = None,
+    hub: Notifier | None = None,
     request_id: str | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -48,6 +48,9 @@ from weave.store import inbox as inbox_store
 from weave.store import instances as instance_store
 from weave.store import pending as pending_store
 from weave.types import InboxOutcome, InstanceState
+
+if TYPE_CHECKING:
+    from pulse.hub import Notifier
 
 log = logging.getLogger("weave.advancer")
 
@@ -94,7 +97,7 @@ class Advancer:
         self,
         db: Database,
         *,
-        hub: Any = None,
+        hub: Notifier | None = None,
         metrics: Registry | None = None,
         settings: AdvancerSettings | None = None,
     ) -> None:
@@ -251,7 +254,7 @@ class Advancer:
             await _pause(stop, self._wake, self.settings.poll_s)
 
 
-async def push_after_commit(hub: Any, namespace_id: bytes, after: AfterCommit) -> None:
+async def push_after_commit(hub: Notifier | None, namespace_id: bytes, after: AfterCommit) -> None:
     """Cancels of running attempts to their workers, and a dispatcher wake-up for new tasks
     (no-ops without a hub: workers then learn of a cancel from their next heartbeat)."""
     if hub is None:

@@ -26,7 +26,7 @@ Rules:
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -66,6 +66,9 @@ from weave.types import (
     StepRow,
     TransitionOut,
 )
+
+if TYPE_CHECKING:
+    from pulse.hub import Notifier
 
 START = "workflows.start"
 PAUSE = "workflows.pause"
@@ -229,7 +232,7 @@ async def start_instance(
     name: str,
     body: StartBody,
     *,
-    hub: Any = None,
+    hub: Notifier | None = None,
     allowed_queues: frozenset[str] | None = None,
     request_id: str | None = None,
     idem: IdemRequest | None = None,
@@ -456,7 +459,7 @@ async def _control(
     actor: Actor | None,
     change: Any,
     *,
-    hub: Any = None,
+    hub: Notifier | None = None,
     preconditions: Preconditions | None = None,
     request_id: str | None = None,
     now: datetime | None = None,
@@ -521,7 +524,7 @@ async def pause_instance(
 
 async def resume_instance(
     db: Database, namespace_id: bytes, instance_id: str, *, actor: Actor | None = None,
-    hub: Any = None, preconditions: Preconditions | None = None, request_id: str | None = None,
+    hub: Notifier | None = None, preconditions: Preconditions | None = None, request_id: str | None = None,
     now: datetime | None = None,
 ) -> InstanceOut:  # fmt: skip
     """Resume a paused instance and apply what it deferred (no-op when not paused)."""
@@ -545,7 +548,7 @@ async def resume_instance(
 
 async def cancel_instance(
     db: Database, namespace_id: bytes, instance_id: str, *, actor: Actor | None = None,
-    hub: Any = None, preconditions: Preconditions | None = None, request_id: str | None = None,
+    hub: Notifier | None = None, preconditions: Preconditions | None = None, request_id: str | None = None,
     reason: str = "cancelled on request", now: datetime | None = None,
 ) -> InstanceOut:  # fmt: skip
     """Cancel a RUNNING instance and its running tasks (no-op when CANCELLED; 409 when it

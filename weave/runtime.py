@@ -18,13 +18,13 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pulse import runtime as pulse_runtime
 from weave.advancer import Advancer, AdvancerSettings
 from weave.inbox import install_hook
 from weave.timers import TimerLoop, TimerSettings
 
 ADVANCER_KEY = "weave.advancer"
 TIMERS_KEY = "weave.timers"
-PULSE_HUB_KEY = "pulse.hub"
 
 Loop = Callable[[asyncio.Event], Awaitable[None]]
 
@@ -38,12 +38,8 @@ def install(ctx: Any) -> Advancer:
     install_hook()
     advancer = ctx.extras.get(ADVANCER_KEY)
     if not isinstance(advancer, Advancer):
-        try:  # the Pulse hub pushes cancels to workers and wakes the dispatcher
-            from pulse import runtime as pulse_runtime
-
-            hub = pulse_runtime.install(ctx)
-        except ImportError:  # pragma: no cover - Pulse's worker side not installed
-            hub = ctx.extras.get(PULSE_HUB_KEY)
+        # The Pulse hub pushes cancels to workers and wakes the dispatcher.
+        hub = pulse_runtime.install(ctx)
         advancer = Advancer(
             ctx.db,
             hub=hub,

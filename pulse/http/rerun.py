@@ -27,9 +27,9 @@ from pulse import rerun as service
 from pulse import tasks
 from pulse.errors import TaskNotFound
 from pulse.rerun import Rerun, RerunBulk
+from pulse.runtime import installed_hub
 
 ACTION = Action.TASKS_RESOLVE.value
-HUB_KEY = "pulse.hub"
 TAGS = ["tasks"]
 
 
@@ -49,7 +49,7 @@ async def rerun_task(request: Request) -> Response:
         raise TaskNotFound()
     out = await service.rerun_task(
         ctx.db, principal.namespace_id, task_id, body, actor=principal.actor,
-        hub=ctx.extras.get(HUB_KEY), request_id=request_id(request),
+        hub=installed_hub(ctx), request_id=request_id(request),
     )  # fmt: skip
     return json_response(out)
 
@@ -70,7 +70,7 @@ async def rerun_bulk(request: Request) -> Response:
         raise Forbidden("this key is limited to some queues: name an allowed queue")
     out = await service.rerun_bulk(
         ctx.db, principal.namespace_id, body, actor=principal.actor,
-        hub=ctx.extras.get(HUB_KEY), request_id=request_id(request),
+        hub=installed_hub(ctx), request_id=request_id(request),
     )  # fmt: skip
     return json_response(out)
 

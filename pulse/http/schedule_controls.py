@@ -25,12 +25,12 @@ from orbit.http.openapi import api
 from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.types import Action, check_name
 from pulse import schedule_controls as service
+from pulse.runtime import installed_hub
 from pulse.schedule_controls import BackfillBody, TriggerBody
 from pulse.tasks import call_hub
 
 MANAGE = Action.SCHEDULES_MANAGE.value
 TAGS = ["schedules"]
-HUB_KEY = "pulse.hub"
 
 
 def _ctx(request: Request) -> AppContext:
@@ -43,7 +43,7 @@ def _ns(principal: Principal) -> bytes:
 
 
 async def _wake(request: Request, namespace_id: bytes, queue_ids: frozenset[bytes]) -> None:
-    hub = _ctx(request).extras.get(HUB_KEY)
+    hub = installed_hub(_ctx(request))
     for queue_id in sorted(queue_ids):
         await call_hub(hub, "notify_new_work", namespace_id, queue_id)
 

@@ -40,20 +40,20 @@ from orbit.types import Action
 from pulse import submit, tasks
 from pulse.batcher import SubmitBatches
 from pulse.errors import TaskNotFound
-from pulse.hub import Hub
+from pulse.hub import Hub, Notifier
+from pulse.runtime import installed_hub
 from pulse.tasks import call_hub
 from pulse.types import BatchSubmit, CancelBulk, Resolve, TaskListFilters, TaskSubmit
 
 TAGS = ["tasks"]
-HUB_KEY = "pulse.hub"
 
 
 def _ctx(request: Request) -> AppContext:
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 
-def _hub(request: Request) -> Any:
-    return _ctx(request).extras.get(HUB_KEY)
+def _hub(request: Request) -> Notifier | None:
+    return installed_hub(_ctx(request))
 
 
 async def _body(request: Request, type_: type[Any]) -> Any:
@@ -71,10 +71,10 @@ def _require_queue_filter(principal: Principal, queue: str | None) -> None:
         raise Forbidden("this key is limited to some queues: name an allowed queue")
 
 
-def _submit_batches(ctx: Any) -> SubmitBatches:
+def _submit_batches(ctx: AppContext) -> SubmitBatches:
     b = ctx.extras.get("pulse.submit_batches")
     if not isinstance(b, SubmitBatches):
-        hub = ctx.extras.get(HUB_KEY)
+        hub = installed_hub(ctx)
         b = SubmitBatches(ctx.db, hub=hub if isinstance(hub, Hub) else None)
         ctx.extras["pulse.submit_batches"] = b
     return b

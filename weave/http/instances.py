@@ -35,6 +35,8 @@ from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.ids import id_hex
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
 from orbit.types import Action, check_name
+from pulse.hub import Notifier
+from pulse.runtime import installed_hub
 from weave import instances, runtime, signals
 from weave.types import HistoryOut, InstanceOut, InstancePage, SignalBody, SignalOut, StartBody
 
@@ -55,8 +57,8 @@ def _ctx(request: Request) -> AppContext:
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 
-def _hub(request: Request) -> Any:
-    return _ctx(request).extras.get(runtime.PULSE_HUB_KEY)
+def _hub(request: Request) -> Notifier | None:
+    return installed_hub(_ctx(request))
 
 
 def _ns(principal: Principal) -> bytes:
