@@ -222,6 +222,13 @@ def test_a_websocket_that_never_reads_does_not_stall_the_node(
                                 "execution_token": started["execution_token"]}))  # fmt: skip
             assert recv_json(ws, "receipt")["task_state"] == "SUCCEEDED"
         rss_after = slow_server.rss_kib()
+        # The push to the stuck stream ends within one push deadline of its start: the stream
+        # is closed (the healthy session did not have to wait for that: the node dispatch
+        # round may serve it while the stuck push is still pending).
+        deadline = time.monotonic() + SEND_TIMEOUT_S + 5.0
+        while "stopped reading its stream" not in slow_server.logs():
+            assert time.monotonic() < deadline, "the stuck stream was never closed"
+            time.sleep(0.1)
     finally:
         raw.close()
     record_figures("ws_never_reads", offer_wait_s=round(waited, 3), rss_before_kib=rss_before,
