@@ -8,13 +8,13 @@ is ``async loop(stop)`` and is safe to run on every node at once.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from orbit.context import AppContext
 from pulse import runtime
 from pulse.scheduler import Scheduler
 
 
-def background_loops(ctx: Any) -> list[Callable[..., Awaitable[None]]]:
+def background_loops(ctx: AppContext) -> list[Callable[..., Awaitable[None]]]:
     """Dispatcher, recovery, scheduler and watchdog loops of this node."""
     loops = runtime.background_loops(ctx)
     scheduler = Scheduler(ctx.db, hub=runtime.hub_of(ctx), metrics=getattr(ctx, "metrics", None))

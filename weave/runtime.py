@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from orbit.context import AppContext
 from pulse import runtime as pulse_runtime
 from weave.advancer import Advancer, AdvancerSettings
 from weave.inbox import install_hook
@@ -33,7 +33,7 @@ def _ms(name: str, default: int) -> float:
     return int(os.environ.get(name, default)) / 1000
 
 
-def install(ctx: Any) -> Advancer:
+def install(ctx: AppContext) -> Advancer:
     """Create this node's advancer and timer loop once (stored in ``ctx.extras``)."""
     install_hook()
     advancer = ctx.extras.get(ADVANCER_KEY)
@@ -55,14 +55,14 @@ def install(ctx: Any) -> Advancer:
     return advancer
 
 
-def background_loops(ctx: Any) -> list[Loop]:
+def background_loops(ctx: AppContext) -> list[Loop]:
     """The advancer and timer loops of this node (``async (stop) -> None``)."""
     advancer = install(ctx)
     timers: TimerLoop = ctx.extras[TIMERS_KEY]
     return [advancer.run, timers.run]
 
 
-def wake(ctx: Any) -> None:
+def wake(ctx: AppContext) -> None:
     """Wake this node's advancer, when it runs here (after committing an inbox event)."""
     advancer = ctx.extras.get(ADVANCER_KEY)
     if isinstance(advancer, Advancer):
