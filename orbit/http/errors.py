@@ -90,6 +90,28 @@ def conflict_kind(exc: OrbitError) -> str | None:
     return None
 
 
+#: Storage failures that mean "this database will not serve right now": 503 ``not_ready``
+#: with ``Retry-After: 1`` and a ``reason``. A refused connection (max_user_connections /
+#: max_connections) is shed like an exhausted pool (tests/reliability/
+#: test_max_user_connections.py); a Galera node partitioned away or without quorum refuses
+#: every query until it rejoins (tests/cluster/).
+_NOT_READY: tuple[tuple[type[StorageError], str, str], ...] = (
+    (TransientExhausted, "the database is busy, retry", "transaction_conflict"),
+    (PoolExhausted, "every database connection is busy, retry", "pool_exhausted"),
+    (
+        OutcomeUnknown,
+        "the outcome is unknown (connection lost during commit): read before retrying",
+        "outcome_unknown",
+    ),
+    (ConnectionRefused, "the database refused a connection, retry", "connection_limit"),
+    (
+        NodeNotReady,
+        "the database node is not part of its cluster's primary component, retry",
+        "cluster_not_primary",
+    ),
+)
+
+
 def client_error(exc: BaseException) -> OrbitError | None:
     """The error a client is told for ``exc`` — its HTTP status and body, the ``error`` frame
     of a WebSocket stream and its close code (:func:`ws_close_code`) — or None when ``exc`` is
@@ -101,35 +123,12 @@ def client_error(exc: BaseException) -> OrbitError | None:
         return None
     if isinstance(exc, CasConflict):
         return Conflict(str(exc), kind="cas")
-    if isinstance(exc, TransientExhausted):
-        return NotReady("the database is busy, retry", retry_after=1, reason="transaction_conflict")
-    if isinstance(exc, PoolExhausted):
-        return NotReady(
-            "every database connection is busy, retry", retry_after=1, reason="pool_exhausted"
-        )
-    if isinstance(exc, OutcomeUnknown):
-        return NotReady(
-            "the outcome is unknown (connection lost during commit): read before retrying",
-            retry_after=1,
-            reason="outcome_unknown",
-        )
     if isinstance(exc, CheckViolation):
         # Bad input that slipped past the service's validation.
         return InvalidRequest("the request violates a constraint", constraint=exc.constraint)
-    if isinstance(exc, ConnectionRefused):
-        # max_user_connections / max_connections: shed like an exhausted pool
-        # (tests/reliability/test_max_user_connections.py).
-        return NotReady(
-            "the database refused a connection, retry", retry_after=1, reason="connection_limit"
-        )
-    if isinstance(exc, NodeNotReady):
-        # A Galera node partitioned away or without quorum refuses every query until it
-        # rejoins (tests/cluster/).
-        return NotReady(
-            "the database node is not part of its cluster's primary component, retry",
-            retry_after=1,
-            reason="cluster_not_primary",
-        )
+    for cls, message, reason in _NOT_READY:
+        if isinstance(exc, cls):
+            return NotReady(message, retry_after=1, reason=reason)
     return None
 
 
