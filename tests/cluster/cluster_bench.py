@@ -18,7 +18,7 @@ and the conflicts per task: Orbit's retries by kind (``certification`` = 1213 ra
 COMMIT) and the cluster's ``wsrep_local_cert_failures`` + ``wsrep_local_bf_aborts`` over the
 leg, divided by the tasks completed.
 
-    /work/tools/bench-quiet .venv/bin/python tests/cluster/cluster_bench.py --seconds 15
+    .venv/bin/python tests/cluster/cluster_bench.py --seconds 15   # on an otherwise idle machine
 
 The machine of the report has 2 cores for everything (three database nodes, up to three
 servers, workers, producers, the subscriber): the ratios say what replication costs in CPU
