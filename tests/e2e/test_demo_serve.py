@@ -30,6 +30,7 @@ import httpx
 import pytest
 from conftest import create_database, drop_database
 from platform_fixtures import ROOT
+from test_ui_browser import driver_missing
 
 # The module's demo starts inside the first test's timeout (a busy machine: up to ~100 s).
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
@@ -231,6 +232,8 @@ async def test_console_shows_the_demo_schedule_and_workflow(demo: Demo) -> None:
     browser_path = _find_browser()
     if async_playwright is None:
         pytest.skip("Playwright is not installed: scripts/install dev")
+    if (missing := driver_missing()) is not None:
+        pytest.skip(missing)
     if browser_path is None:
         pytest.skip("no Chromium found: run scripts/test as root (it installs Debian's chromium), "
                     "or sudo apt-get install chromium, or set ORBIT_CHROMIUM")

@@ -11,6 +11,7 @@ The server is started as ``orbit-server`` with the console's routes added to its
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import json
 import os
 import re
@@ -60,6 +61,15 @@ if "orbit.http.ui" not in server.ROUTE_MODULES:
     server.ROUTE_MODULES = (*server.ROUTE_MODULES, "orbit.http.ui")
 sys.exit(server.main(sys.argv[1:]))
 """
+
+
+def driver_missing() -> str | None:
+    """Why Playwright's bundled driver (a node binary) cannot start here; None when it can.
+    It links libatomic, which a minimal Debian does not have."""
+    if ctypes.util.find_library("atomic") is None:
+        return ("Playwright's driver needs libatomic.so.1: run scripts/test as root (it "
+                "installs Debian's libatomic1), or sudo apt-get install libatomic1")
+    return None
 
 
 def find_browser() -> str | None:
@@ -197,6 +207,8 @@ async def browser() -> AsyncIterator[Browser]:
     path = find_browser()
     if async_playwright is None:
         pytest.skip("Playwright is not installed: scripts/install dev")
+    if (missing := driver_missing()) is not None:
+        pytest.skip(missing)
     if path is None:
         pytest.skip("no Chromium found: run scripts/test as root (it installs Debian's chromium), "
                     "or sudo apt-get install chromium, or set ORBIT_CHROMIUM")
