@@ -252,3 +252,29 @@ def plan_report(
             (store.Q.task_end_run_if_running, end_run),
         ],
     )
+
+
+def offer_rows(
+    namespace_id: bytes,
+    row: Mapping[str, Any],
+    attempt_id: bytes,
+    session_id: bytes,
+    lease_expires_at: datetime,
+    now: datetime,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An offer of the WAITING task ``row`` to a session: the OFFERED attempt to insert
+    (generation ``attempts + 1``, for ``attempt_insert_many``) and the task row as the
+    guarded lease UPDATE leaves it (computed, not re-read: its events need no more)."""
+    attempt = {
+        "namespace_id": namespace_id, "id": attempt_id, "task_id": row["id"],
+        "generation": int(row["attempts"]) + 1, "session_id": session_id,
+        "lease_expires_at": lease_expires_at, "now": now,
+    }  # fmt: skip
+    leased = {
+        **row, "state": "LEASED", "current_attempt_id": attempt_id,
+        "session_id": session_id, "lease_expires_at": lease_expires_at,
+        "state_version": int(row["state_version"]) + 1, "state_changed_at": now,
+        "revision": int(row["revision"]) + 1,
+    }  # fmt: skip
+    return attempt, leased
+

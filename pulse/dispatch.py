@@ -73,6 +73,7 @@ from orbit.shards import shard_group
 from orbit.storage import Database, Tx
 from orbit.store.clock import clock_now
 from pulse import transitions, wire
+from pulse.attempt_rules import offer_rows
 from pulse.attempts import Change
 from pulse.dispatch_round import NodeRound
 from pulse.hub import CLOSE_REPLACED, CLOSE_SESSION_GONE, Connection, Hub
@@ -736,18 +737,18 @@ class Dispatcher:
         leased: list[dict[str, Any]] = []
         per_owner: dict[bytes, int] = defaultdict(int)
         per_queue: dict[bytes, int] = defaultdict(int)
+        changes: list[Change] = []
         for (row, attempt_id), session_id in zip(batch.rows, sessions, strict=True):
-            generation = int(row["attempts"]) + 1
             leased.append({"id": row["id"], "attempt_id": attempt_id, "revision": row["revision"],
                            "session_id": session_id})  # fmt: skip
-            attempts.append({
-                "namespace_id": ns, "id": attempt_id, "task_id": row["id"],
-                "generation": generation, "session_id": session_id,
-                "lease_expires_at": offer_lease, "now": t,
-            })  # fmt: skip
+            attempt, after = offer_rows(ns, row, attempt_id, session_id, offer_lease, t)
+            attempts.append(attempt)
+            changes.append((after, transitions.EVENT_LEASED, {"session_id": id_hex(session_id)}))
             per_owner[row["owner_id"]] += 1
             per_queue[row["queue_id"]] += 1
-            offers.append(wire.offer_from_row(row, attempt_id, generation, offer_lease))
+            offers.append(
+                wire.offer_from_row(row, attempt_id, attempt["generation"], offer_lease)
+            )
         # Every claimed row and every usage row is locked by this transaction already: ONE
         # guarded UPDATE of all the claimed rows (WAITING → LEASED, each row's own revision
         # and attempt by id; the matched count must be the number of rows) followed by the
@@ -755,21 +756,6 @@ class Dispatcher:
         # cannot refuse: the allowance was judged on the rows as locked).
         leases = [attempt_store.tasks_lease_statement(ns, leased, offer_lease, t)]
         counters = store.reservation_statements(ns, per_owner, per_queue)
-        # The leased rows as task_lease_if_waiting left them (computed, not re-read: the
-        # events need only what the claim returned plus what the UPDATE set).
-        changes: list[Change] = [
-            (
-                {
-                    **row, "state": "LEASED", "current_attempt_id": attempt_id,
-                    "session_id": session_id, "lease_expires_at": offer_lease,
-                    "state_version": int(row["state_version"]) + 1, "state_changed_at": t,
-                    "revision": int(row["revision"]) + 1,
-                },
-                transitions.EVENT_LEASED,
-                {"session_id": id_hex(session_id)},
-            )
-            for (row, attempt_id), session_id in zip(batch.rows, sessions, strict=True)
-        ]  # fmt: skip
         # The writes, the attempts and the events in ONE round trip (Tx.pipeline).
         counts, *_ = await tx.pipeline(
             tx.execute_batch(leases + counters),

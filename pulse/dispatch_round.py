@@ -35,6 +35,7 @@ from orbit.ids import id_hex, new_id
 from orbit.storage import Database, Tx
 from orbit.storage.keys import KeySet
 from pulse import transitions, wire
+from pulse.attempt_rules import offer_rows
 from pulse.dispatch_plan import Dealt, Plan, Pool, QueueKey, Served, deal, plan
 from pulse.hub import Connection
 from pulse.store import attempts as attempt_store
@@ -297,24 +298,16 @@ class NodeRound:
             ns = bytes(row["namespace_id"])
             session_id = conns[i].info.session_id
             attempt_id = new_id()
-            generation = int(row["attempts"]) + 1
             leased[(ns, bytes(row["id"]))] = {
                 "attempt_id": attempt_id, "session_id": session_id, "revision": row["revision"],
             }  # fmt: skip
-            attempts.append({
-                "namespace_id": ns, "id": attempt_id, "task_id": row["id"],
-                "generation": generation, "session_id": session_id,
-                "lease_expires_at": lease, "now": t,
-            })  # fmt: skip
+            attempt, after = offer_rows(ns, row, attempt_id, session_id, lease, t)
+            attempts.append(attempt)
             per_owner[bytes(row["owner_id"])] += 1
             per_queue[(ns, bytes(row["queue_id"]))] += 1
-            out.outcomes[i].offers.append(wire.offer_from_row(row, attempt_id, generation, lease))
-            after = {
-                **row, "state": "LEASED", "current_attempt_id": attempt_id,
-                "session_id": session_id, "lease_expires_at": lease,
-                "state_version": int(row["state_version"]) + 1, "state_changed_at": t,
-                "revision": int(row["revision"]) + 1,
-            }  # fmt: skip
+            out.outcomes[i].offers.append(
+                wire.offer_from_row(row, attempt_id, attempt["generation"], lease)
+            )
             changes.append(
                 (ns, (after, transitions.EVENT_LEASED, {"session_id": id_hex(session_id)}))
             )

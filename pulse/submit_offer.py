@@ -35,6 +35,7 @@ from orbit.ids import id_hex, new_id
 from orbit.storage import Tx
 from orbit.store.clock import clock_now
 from pulse import transitions, wire
+from pulse.attempt_rules import offer_rows
 from pulse.attempts import Change
 from pulse.hub import Connection, Hub
 from pulse.store import attempts as attempt_store
@@ -184,24 +185,14 @@ class IdleOffer:
         for row, conn in plan:
             attempt_id = new_id()
             session_id = conn.info.session_id
-            generation = int(row["attempts"]) + 1
             leased.append({"id": row["id"], "attempt_id": attempt_id,
                            "revision": row["revision"], "session_id": session_id})  # fmt: skip
-            attempts.append({
-                "namespace_id": ns, "id": attempt_id, "task_id": row["id"],
-                "generation": generation, "session_id": session_id,
-                "lease_expires_at": offer_lease, "now": t,
-            })  # fmt: skip
+            attempt, after = offer_rows(ns, row, attempt_id, session_id, offer_lease, t)
+            attempts.append(attempt)
             per_queue[row["queue_id"]] += 1
-            after = {
-                **row, "state": "LEASED", "current_attempt_id": attempt_id,
-                "session_id": session_id, "lease_expires_at": offer_lease,
-                "state_version": int(row["state_version"]) + 1, "state_changed_at": t,
-                "revision": int(row["revision"]) + 1,
-            }  # fmt: skip
             changes.append((after, transitions.EVENT_LEASED, {"session_id": id_hex(session_id)}))
             out.rows[row["id"]] = after
-            offer = wire.offer_from_row(row, attempt_id, generation, offer_lease)
+            offer = wire.offer_from_row(row, attempt_id, attempt["generation"], offer_lease)
             pushes.setdefault(session_id, (conn, []))[1].append(offer)
         statements = [
             attempt_store.tasks_lease_statement(ns, leased, offer_lease, t),
