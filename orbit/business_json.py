@@ -113,7 +113,7 @@ def _decode_special(data: bytes) -> Any:
     return msgspec.json.Decoder(float_hook=hook).decode(_SPECIAL_INTS.sub(mark, data))
 
 
-def decode(data: bytes | str) -> Any:
+def decode(data: bytes | bytearray | str) -> Any:
     """Decode business JSON with its numbers exact (see the module docstring). Raises
     ``msgspec.DecodeError`` for text that is not JSON."""
     raw = data.encode() if isinstance(data, str) else bytes(data)

@@ -216,7 +216,7 @@ async def append_events_across(
         if e.request_id is not None:
             entry += b',"request_id":' + _JSON.encode(e.request_id)
         groups.setdefault((ns, e.type, e.subject_kind), []).append(entry + b',"data":' + data + b"}")
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "namespace_id": ns,
             "id": new_id(),
@@ -396,7 +396,7 @@ async def append_result_events_across(
         counts[ns] = counts.get(ns, 0) + 1
     tops, stamp = await store.event_streams_advance_many(tx, counts, now)
     next_seq = {ns: tops[ns] - n + 1 for ns, n in counts.items()}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for ns, s in snapshots:
         seq = next_seq[ns]
         next_seq[ns] = seq + 1

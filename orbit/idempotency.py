@@ -32,7 +32,7 @@ the next claim, and :func:`cleanup_once` deletes expired rows in bounded batches
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -137,8 +137,8 @@ async def claim(
     raise IdempotencyInProgress()
 
 
-def _replay(row: dict[str, object], request_digest: bytes) -> Replay:
-    if bytes(row["request_digest"]) != request_digest:  # type: ignore[arg-type]
+def _replay(row: Mapping[str, Any], request_digest: bytes) -> Replay:
+    if bytes(row["request_digest"]) != request_digest:
         raise IdempotencyMismatch(
             "this Idempotency-Key was used with a different request", field=HEADER
         )
@@ -146,7 +146,7 @@ def _replay(row: dict[str, object], request_digest: bytes) -> Replay:
         raise IdempotencyInProgress()
     body = row["response_body"]
     assert isinstance(body, str)
-    return Replay(int(row["response_status"]), body.encode())  # type: ignore[call-overload]
+    return Replay(int(row["response_status"]), body.encode())
 
 
 async def store_response(

@@ -229,7 +229,7 @@ class Registry:
                 if type(existing) is not cls or existing.label_names != tuple(labels):
                     raise ValueError(f"metric {name} already registered with another type/labels")
                 return existing
-            metric = cls(name, help, labels, **kw)  # type: ignore[arg-type]
+            metric = cls(name, help, labels, **kw)
             self._metrics[name] = metric
             return metric
 

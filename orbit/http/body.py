@@ -52,7 +52,8 @@ def json_depth(body: bytes) -> int:
     if not brackets:
         return 0
     steps = brackets.translate(_STEP)
-    return max(0, max(accumulate(map(operator.sub, steps, repeat(1)))))
+    deepest: int = max(accumulate(map(operator.sub, steps, repeat(1))))
+    return max(0, deepest)
 
 
 def check_depth(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
@@ -149,4 +150,4 @@ def query_int(
 
 def any_json(body: bytes) -> Any:
     """Decode arbitrary JSON (400 on malformed input)."""
-    return decode(body, Any)  # type: ignore[arg-type]
+    return decode(body, Any)

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from starlette._utils import get_route_path
 from starlette.datastructures import Headers
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Mount, get_route_path
+from starlette.routing import BaseRoute, Mount
 from starlette.types import Receive, Scope, Send
 
 #: Where the console's files live (shipped as package data next to this module).

@@ -73,13 +73,12 @@ def quote_account(user: str, host: str) -> str:
 
 def connect(dsn: DSN, *, with_database: bool) -> Connection:
     """An autocommit UTC connection, on ``dsn.database`` or on no database."""
-    kwargs = dict(dsn.connect_kwargs(with_database=with_database))
     return pymysql.connect(
         autocommit=True,
         charset="utf8mb4",
         connect_timeout=CONNECT_TIMEOUT,
         init_command="SET time_zone = '+00:00'",
-        **kwargs,  # type: ignore[arg-type]
+        **dsn.connect_kwargs(with_database=with_database),
     )
 
 

@@ -139,7 +139,8 @@ class _Raw:
         self.sqls = sqls
 
     def __await__(self) -> Generator[Any, Any, list[_Out]]:
-        return (yield self)
+        outs: list[_Out] = yield self
+        return outs
 
 
 class Tx:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ class PoolOptions:
     maxsize: int
     connect_timeout: float
     #: user/password/host/port/unix_socket/db, from :meth:`DSN.connect_kwargs`.
-    connect_kwargs: dict[str, object] = field(default_factory=dict)
+    connect_kwargs: Mapping[str, object] = field(default_factory=dict)
     pool_recycle: int = 3600
 
 

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import TypedDict
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 DEFAULT_DSN = "mysql://root@127.0.0.1:3306/orbit"
+
+
+class ConnectKwargs(TypedDict, total=False):
+    """The connection keywords of a DSN, as aiomysql's and PyMySQL's ``connect`` take them."""
+
+    user: str
+    password: str
+    host: str
+    port: int
+    unix_socket: str
+    db: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +75,9 @@ class DSN:
             text += f"?unix_socket={quote(self.unix_socket)}"
         return text
 
-    def connect_kwargs(self, *, with_database: bool = True) -> dict[str, object]:
+    def connect_kwargs(self, *, with_database: bool = True) -> ConnectKwargs:
         """Keyword arguments for aiomysql/pymysql ``connect``."""
-        kw: dict[str, object] = {"user": self.user, "password": self.password}
+        kw: ConnectKwargs = {"user": self.user, "password": self.password}
         if self.unix_socket:
             kw["unix_socket"] = self.unix_socket
         else:

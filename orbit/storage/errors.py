@@ -160,7 +160,7 @@ def from_driver(exc: BaseException) -> StorageError:
     """The project's error for a driver exception whose args are ``(errno, message)``:
     :class:`DuplicateKey` for 1062, else the :class:`DatabaseError` class of its number."""
     code = error_code(exc)
-    args = getattr(exc, "args", ())
+    args: tuple[object, ...] = getattr(exc, "args", ())
     message = str(args[1]) if len(args) > 1 else str(exc)
     if code == DUPLICATE:
         return DuplicateKey(duplicate_key_name(exc) or "", str(exc))
