@@ -165,7 +165,11 @@ async def lose_running(
     (its effect is idempotent, so nothing is uncertain: ``effect_uncertain`` stays 0); not
     ``retry_safe`` → NEEDS_REVIEW with ``effect_uncertain = 1``.
     """
-    error = {"type": "attempt_lost", "reason": reason, "generation": int(attempt["generation"])}
+    attempt_error = {
+        "type": "attempt_lost",
+        "reason": reason,
+        "generation": int(attempt["generation"]),
+    }
     finished = await store.attempt_finish_if_running(
         tx,
         {
@@ -174,7 +178,7 @@ async def lose_running(
             "state": "LOST",
             "now": now,
             "result": None,
-            "error": _error_json(error),
+            "error": _error_json(attempt_error),
             "retryable": None,
             "revision": attempt["revision"],
         },

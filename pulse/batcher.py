@@ -33,10 +33,13 @@ import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from orbit.shards import shard_group
 from orbit.storage import OutcomeUnknown
+
+if TYPE_CHECKING:
+    from pulse.heartbeat_round import HeartbeatItem
 
 log = logging.getLogger("pulse.batcher")
 
@@ -243,9 +246,12 @@ class WorkerBatches:
         """:func:`pulse.attempts.heartbeat`, in this node's next heartbeat round (raises
         :class:`~pulse.attempts.SessionGone` for its own session); ``progress``: checked
         documents by attempt id (pulse/progress.py)."""
-        item = (namespace_id, session_id, list(attempt_ids))
-        if progress:
-            item = (*item, progress)
+        ids = list(attempt_ids)
+        item: HeartbeatItem = (
+            (namespace_id, session_id, ids, progress)
+            if progress
+            else (namespace_id, session_id, ids)
+        )
         return await self.heartbeats.submit(shard_group(namespace_id), item)
 
     async def close(self) -> None:

@@ -236,8 +236,11 @@ class CronExpr:
             it = croniter(expanded_text, datetime(2000, 1, 1))
         except (CroniterError, ValueError, KeyError, TypeError) as exc:
             raise CronError(f"invalid cron expression: {exc}") from None
-        expanded = it.expanded
-        nth_raw: dict[object, set[object]] = dict(it.nth_weekday_of_month)
+        # croniter's stubs say list[list[str]]; the fields hold ints, "*" and "l".
+        expanded: Sequence[Sequence[object]] = it.expanded
+        nth_raw: dict[object, set[object]] = {
+            key: set(values) for key, values in it.nth_weekday_of_month.items()
+        }
         if getattr(it, "nearest_weekday", None):
             raise CronError("W (nearest weekday) is not supported")
 
@@ -590,7 +593,7 @@ def _transitions(
     zone: ZoneInfo, a: datetime, b: datetime
 ) -> list[tuple[datetime, timedelta, timedelta]]:
     """Offset changes of ``zone`` with instants in ``[a, b)``, in order."""
-    out = []
+    out: list[tuple[datetime, timedelta, timedelta]] = []
     for year in range(a.year, min(b.year, 9998) + 1):
         out.extend(x for x in _year_transitions(zone, year) if a <= x[0] < b)
     return out

@@ -78,7 +78,7 @@ async def _round(
                 raw = parse_id(text)
                 if raw is not None:
                     wanted.add(ns, raw)
-            for text, doc in (item[3].items() if len(item) > 3 else ()):  # type: ignore[misc]
+            for text, doc in (item[3].items() if len(item) > 3 else ()):
                 raw = parse_id(text)
                 if raw is not None:
                     progress[(ns, raw)] = doc
@@ -91,17 +91,17 @@ async def _round(
     views = await store.attempt_heartbeat_view_keys(tx, wanted)
     # The running attempts to extend: (namespace, attempt id) → their new lease.
     extend: dict[tuple[bytes, bytes], dict[str, Any]] = {}
-    for (ns, raw), v in views.items():
+    for (ns, raw), found in views.items():
         if (
-            (ns, v["session_id"]) in live
-            and v["state"] == "RUNNING"
-            and v["lease_expires_at"] > t
-            and v["task_state"] == "RUNNING"
-            and v["current_attempt_id"] == raw
+            (ns, found["session_id"]) in live
+            and found["state"] == "RUNNING"
+            and found["lease_expires_at"] > t
+            and found["task_state"] == "RUNNING"
+            and found["current_attempt_id"] == raw
         ):
             extend[(ns, raw)] = {
-                "task_id": v["task_id"], "session_id": v["session_id"],
-                "lease_expires_at": t + ms(int(v["lease_ms"])),
+                "task_id": found["task_id"], "session_id": found["session_id"],
+                "lease_expires_at": t + ms(int(found["lease_ms"])),
                 "progress": progress.get((ns, raw)),
             }  # fmt: skip
     if per_row:  # the same two guarded UPDATEs, one row each: their counts say which held

@@ -18,7 +18,9 @@ with nothing unfinished is not exported.
 from __future__ import annotations
 
 import os
+from collections.abc import Coroutine
 from datetime import datetime
+from typing import Any
 
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
@@ -70,7 +72,7 @@ class QueueGauges:
             top = await store.queue_depth_top(tx, self.max_queues)
             if not top:
                 return []
-            reads = []
+            reads: list[Coroutine[Any, Any, float]] = []
             for q in top:
                 reads.append(
                     store.queue_depth_needs_review_capped(

@@ -290,7 +290,7 @@ async def rerun_bulk(
     until = _time(body.finished_before, "finished_before", stamp)
     if until <= since:
         raise InvalidRequest("finished_before must be after finished_after", field="finished_before")
-    filters = {
+    filters: dict[str, Any] = {
         "states": sorted(set(body.states or FINISHED)), "since": since, "until": until,
         "queue_id": queue_id, "kind": body.kind, "owner_id": owner,
         "error_type": body.error_type,

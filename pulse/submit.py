@@ -88,8 +88,8 @@ async def submit_in_tx(
             continue
         try:
             prepared.append(prepare(i, item, texts))
-        except OrbitError as err:
-            results[i] = ItemResult(err.status, error=err)
+        except OrbitError as exc:
+            results[i] = ItemResult(exc.status, error=exc)
 
     # The clock and the queues by name (unknown → 404 per item): ONE round trip.
     names = sorted({p.body.queue for p in prepared})
@@ -111,8 +111,8 @@ async def submit_in_tx(
             else:
                 live.append(p)
         else:
-            err = QueueNotFound()
-            results[p.index] = ItemResult(err.status, error=err)
+            missing = QueueNotFound()
+            results[p.index] = ItemResult(missing.status, error=missing)
 
     # Lock order: the application's resources row, then the queues' usage rows (sorted by
     # id), in ONE statement, before any task row: every decision (quotas, a dedup identity
@@ -128,8 +128,8 @@ async def submit_in_tx(
         # A queue deleted after it was read above has no usage row any more: 404 like an
         # unknown queue (the delete held the row; pulse/queue_delete.py).
         for p in [p for p in live if queues[p.body.queue]["id"] not in usage]:
-            err = QueueNotFound()
-            results[p.index] = ItemResult(err.status, error=err)
+            missing = QueueNotFound()
+            results[p.index] = ItemResult(missing.status, error=missing)
         live = [p for p in live if queues[p.body.queue]["id"] in usage]
 
     # Identity: existing tasks (read after the locks, so a serialised twin is visible),

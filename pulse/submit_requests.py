@@ -295,7 +295,7 @@ async def submit_batch(
         refused.append(len(denied))
         created = sum(1 for r in results if r.status == 201)
         if created:
-            details = {"items": len(results), "created": created}
+            details: dict[str, Any] = {"items": len(results), "created": created}
             await _audit(tx, actor, namespace_id, None, 200, details, request_id)
         if denied:  # the per-item 429s: one conflict event for the call, naming the items
             details = {"code": "quota_exceeded", "kind": "quota_exceeded",

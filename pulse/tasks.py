@@ -264,7 +264,7 @@ async def _release_offer(tx: Tx, namespace_id: bytes, attempt_id: bytes, now: da
 
 async def _cancel_locked(
     tx: Tx, namespace_id: bytes, rows: list[dict[str, Any]], now: datetime
-) -> tuple[list[dict[str, Any]], list[tuple[bytes, bytes]], dict[bytes, dict[str, Any]]]:
+) -> tuple[list[transitions.Change], list[tuple[bytes, bytes]], dict[bytes, dict[str, Any]]]:
     """Cancel already-locked ``rows``: WAITING/LEASED → CANCELLED, RUNNING → cancel
     requested. Returns (changes for record_many, running attempts to notify, rows after)."""
     cancelled: list[bytes] = []
@@ -295,7 +295,7 @@ async def _cancel_locked(
         await transitions.adjust_usage(tx, namespace_id, queue_id, u, r, a, owner_id=owner_id)
     changed = [*cancelled, *(t for t, _ in requested)]
     after = await store.task_get_many(tx, namespace_id, changed)
-    changes: list[Any] = [
+    changes: list[transitions.Change] = [
         (after[t], transitions.EVENT_CANCELLED, {"reason": "cancel_requested"}) for t in cancelled
     ]
     changes += [

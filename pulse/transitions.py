@@ -24,7 +24,7 @@ This module is imported by both the producer side (tasks, queues) and the worker
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -62,10 +62,13 @@ EVENT_DEADLINE_EXCEEDED = "task.deadline_exceeded"  # FAILED by the deadline swe
 EVENT_STUCK = "task.stuck"  # surfaced by the watchdog (no state change, no result event)
 
 
+#: One change :func:`record_many` records: ``(row_after, event_type, data)``.
+Change = tuple[Mapping[str, Any], str, Mapping[str, Any] | None]
+
 #: A hook run inside :func:`record_many`, in the caller's transaction, for each changed task
 #: row that is now in a :data:`RESULT_STATES` state:
 #: ``await hook(tx, namespace_id, row_after, now)`` (``now`` as given to ``record_many``).
-TerminalHook = Callable[[Tx, bytes, Mapping[str, Any], datetime | None], Awaitable[None]]
+TerminalHook = Callable[[Tx, bytes, Mapping[str, Any], datetime | None], Coroutine[Any, Any, None]]
 
 #: Hooks registered by packages above Pulse (Weave registers one at import, so a workflow's
 #: inbox event is written in the same transaction as its task's terminal change). Pulse
@@ -221,7 +224,7 @@ async def record(
 async def record_many(
     tx: Tx,
     namespace_id: bytes,
-    changes: Sequence[tuple[Mapping[str, Any], str, Mapping[str, Any] | None]],
+    changes: Sequence[Change],
     *,
     result_event: bool | None = None,
     request_id: str | None = None,

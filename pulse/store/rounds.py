@@ -114,9 +114,9 @@ def guarded_update(
         sql, a = case_by_id(column, per_row)
         sets.append(sql)
         args += a
-    for sql, a in also:
+    for sql, also_args in also:
         sets.append(sql)
-        args += a
+        args += also_args
     where, where_args = keys.predicate()
     conditions: list[str] = []
     guard_args: list[Any] = []

@@ -7,7 +7,7 @@ False meaning is in their docstring.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -194,7 +194,7 @@ async def occurrence_insert(tx: Tx, row: Mapping[str, Any]) -> None:
     await tx.execute(Q.occurrence_insert, dict(row))
 
 
-async def occurrence_insert_many(tx: Tx, rows: list[Mapping[str, Any]]) -> None:
+async def occurrence_insert_many(tx: Tx, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert occurrences in one multi-row INSERT. Raises DuplicateKey like
     :func:`occurrence_insert`."""
     if rows:

@@ -528,14 +528,14 @@ def evaluate(expr: Expr, scope: Scope) -> Any:
     if op == "!=":
         return not jsonvalue.json_equal(vals[0], vals[1])
     if op in ("<", "<=", ">", ">="):
-        a, b = vals
-        if isinstance(a, str) and isinstance(b, str):
+        lhs, rhs = vals
+        if isinstance(lhs, str) and isinstance(rhs, str):
             pass
-        elif jsonvalue.is_number(a) and jsonvalue.is_number(b):
-            a, b = _num(a, op), _num(b, op)
+        elif jsonvalue.is_number(lhs) and jsonvalue.is_number(rhs):
+            lhs, rhs = _num(lhs, op), _num(rhs, op)
         else:
             raise EvalError("type_error", f"{op}: operands must be two numbers or two strings")
-        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+        return {"<": lhs < rhs, "<=": lhs <= rhs, ">": lhs > rhs, ">=": lhs >= rhs}[op]
     if op in ("+", "-", "*", "/", "%"):
         nums = [_num(v, op) for v in vals]
         ints = all(isinstance(v, int) for v in nums)
