@@ -311,7 +311,7 @@ async def ack_round(
             if how in ("moved", "other"):
                 extra.add((item.namespace_id, item.delivery_id))
             verdicts.append((how, rng, index))
-        rows = {(r.namespace_id, r.id): r for r in locked}
+        rows: dict[_Key, DeliveryRow] = {(r.namespace_id, r.id): r for r in locked}
         missing = sorted(extra - rows.keys())
         if missing:
             rows.update({(r.namespace_id, r.id): r for r in
@@ -334,20 +334,22 @@ async def ack_round(
             if how == "stale":
                 out.append(StaleProof(delivery_id=id_hex(item.delivery_id)))
                 continue
-            row = done.get(key) or rows.get(key)
-            if row is None:
+            current: DeliveryRow | None = done.get(key) or rows.get(key)
+            if current is None:
                 found = await delivery_slots.find_slot(tx, item.namespace_id, item.delivery_id)
                 out.append(StaleProof(delivery_id=id_hex(item.delivery_id)) if found
                            else NotFound("delivery"))  # fmt: skip
-            elif row.proof_digest is None or not digest_matches(item.proof, row.proof_digest):
-                out.append(StaleProof(delivery_id=id_hex(row.id)))
-            elif row.state == DeliveryState.ACKED:
-                out.append(AckResult(outcome="replayed", delivery=delivery_info(row)))
+            elif current.proof_digest is None or not digest_matches(
+                item.proof, current.proof_digest
+            ):
+                out.append(StaleProof(delivery_id=id_hex(current.id)))
+            elif current.state == DeliveryState.ACKED:
+                out.append(AckResult(outcome="replayed", delivery=delivery_info(current)))
             else:
-                writes.append(row)
+                writes.append(current)
                 done[key] = acked = msgspec.structs.replace(
-                    row, state=DeliveryState.ACKED.value, acked_at=at, lease_expires_at=None,
-                    revision=row.revision + 1, updated_at=at,
+                    current, state=DeliveryState.ACKED.value, acked_at=at, lease_expires_at=None,
+                    revision=current.revision + 1, updated_at=at,
                 )  # fmt: skip
                 out.append(AckResult(outcome="applied", delivery=delivery_info(acked)))
         changed = [(r, s) for r, s in edits.ranges.values() if s.acked_us != r.slots().acked_us]
@@ -463,9 +465,7 @@ async def release_many(
 
     async def run(tx: Tx) -> int:
         keys = sorted({(namespace_id, loc[0]) for loc in located if loc})
-        ranges, at = await tx.pipeline(
-            range_store.range_lock_keys(tx, keys), clock_now(tx, now)
-        )
+        ranges, at = await tx.pipeline(range_store.range_lock_keys(tx, keys), clock_now(tx, now))
         by_id = {r.id: r for r in ranges}
         edits = delivery_slots.Edits()
         rest: list[tuple[bytes, str]] = []

@@ -202,7 +202,7 @@ def visible_to(row: SubscriptionRow, queues: frozenset[str] | None) -> bool:
     if queues is None:
         return True
     named = parse_filter(row.filter).queues
-    return bool(named) and set(named) <= queues
+    return named is not None and bool(named) and set(named) <= queues
 
 
 def check_filter_queues(spec: SubscriptionFilter | None, queues: frozenset[str] | None) -> None:
