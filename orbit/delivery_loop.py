@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from orbit import deliveries, delivery_gauges, delivery_pump
+from orbit import deliveries, delivery_gauges, delivery_probes, delivery_pump
 from orbit.deliveries import AckItem, AckResult
 from orbit.metrics import Registry
 from orbit.rounds import NodeRound
@@ -52,7 +52,7 @@ class DeliveryHub:
 
     def __init__(self) -> None:
         self._events: dict[tuple[bytes, bytes], set[asyncio.Event]] = {}
-        self._probes: delivery_pump.LeaseProbes | None = None
+        self._probes: delivery_probes.LeaseProbes | None = None
         self._acks: NodeRound[AckItem, AckResult] | None = None
         self._acks_db: Database | None = None
         self._handouts: NodeRound[delivery_pump.LeaseAsk, delivery_pump.LeaseBatch] | None = None
@@ -86,10 +86,10 @@ class DeliveryHub:
             )
         return self._acks
 
-    def lease_probes(self, db: Database) -> delivery_pump.LeaseProbes:
+    def lease_probes(self, db: Database) -> delivery_probes.LeaseProbes:
         """This process's coalesced hand-out probes on ``db`` (created on first use)."""
         if self._probes is None or self._probes.db is not db:
-            self._probes = delivery_pump.LeaseProbes(db)
+            self._probes = delivery_probes.LeaseProbes(db)
         return self._probes
 
     def watch(self, namespace_id: bytes, subscription_id: bytes) -> asyncio.Event:
@@ -138,7 +138,7 @@ def install_metrics(registry: Registry, db: Database) -> None:
 
 def _install_probe_metrics(registry: Registry, hub: DeliveryHub) -> None:
     """``orbit_delivery_probe_statements_total`` / ``orbit_delivery_probes_total``: the
-    coalesced hand-out probes of this process's consumers (delivery_pump.LeaseProbes)."""
+    coalesced hand-out probes of this process's consumers (delivery_probes.LeaseProbes)."""
     statements = registry.counter(
         "orbit_delivery_probe_statements_total",
         "Hand-out probe statements sent (consumers' probes coalesced: one per poll tick)",

@@ -24,7 +24,6 @@ explains the guarantees.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,9 +32,12 @@ from datetime import datetime, timedelta
 from orbit import delivery_ranges as dr
 from orbit import delivery_slots
 from orbit.deliveries import DeliveryState, Leased, after_failure, backoff_ms
+from orbit.delivery_budget import Ask, HandOutBudget
+from orbit.delivery_probes import PROBE_BATCH, LeaseProbes  # noqa: F401 (re-exported)
 from orbit.errors import Conflict, NotFound, OrbitError
-from orbit.events import ResultEvent, read_result_events, result_event_from_row
+from orbit.events import ResultEvent, result_event_from_row
 from orbit.ids import digest, id_hex, new_id, new_secret
+from orbit.pagination import MAX_PAGE_BYTES
 from orbit.rounds import NodeRound
 from orbit.storage import Database, Tx
 from orbit.store import deliveries as store
@@ -139,26 +141,47 @@ async def in_flight_locked(tx: Tx, sub: SubscriptionRow) -> int:
 
 
 async def hand_out_locked(
-    tx: Tx, sub: SubscriptionRow, want: int, now: datetime
+    tx: Tx,
+    sub: SubscriptionRow,
+    want: int,
+    now: datetime,
+    max_bytes: int = MAX_PAGE_BYTES,
+    *,
+    budget: HandOutBudget | None = None,
 ) -> tuple[list[Leased], int, bool]:
     """Lease up to ``want`` deliveries of ``sub`` (row locked by this transaction), never
-    more than ``max_in_flight`` leased at once: due exceptions first, then new events as one
-    range. Return (hand-outs, leased after, events left after the cursor)."""
+    more than ``max_in_flight`` leased at once nor, past the first, more than ``max_bytes``
+    of stored result JSON (:mod:`orbit.delivery_budget`; ``budget`` instead splits one
+    hand-out among several asks): due exceptions first, then new events as one range.
+    Return (hand-outs, leased after, deliveries left that could be handed out at once)."""
     in_flight = await in_flight_locked(tx, sub)
-    room = min(want, sub.max_in_flight - in_flight, dr.MAX_SLOTS)
+    if budget is None:
+        budget = HandOutBudget.single(want, max_bytes)
+    budget.limit = room = min(budget.wanted, sub.max_in_flight - in_flight, dr.MAX_SLOTS)
     if room <= 0:
         return [], in_flight, False
-    out = await _hand_out_rows(tx, sub, room, now)
-    behind = False
-    if len(out) < room:
-        fresh, behind = await _hand_out_range(tx, sub, room - len(out), now)
+    out = await _hand_out_rows(tx, sub, budget, now)
+    behind = budget.cut
+    if budget.open:
+        fresh, behind = await _hand_out_range(tx, sub, budget, now)
         out += fresh
     return out, in_flight + len(out), behind
 
 
-async def _hand_out_rows(tx: Tx, sub: SubscriptionRow, room: int, now: datetime) -> list[Leased]:
-    """Due PENDING rows, each under a new proof (ONE guarded multi-row UPDATE)."""
-    rows = await store.delivery_list_due_for_update(tx, sub.namespace_id, sub.id, now, room)
+async def _hand_out_rows(
+    tx: Tx, sub: SubscriptionRow, budget: HandOutBudget, now: datetime
+) -> list[Leased]:
+    """Due PENDING rows within the budget, each under a new proof (ONE guarded multi-row
+    UPDATE). The rows are sized first; those past the budget stay PENDING, not leased."""
+    due = await store.delivery_list_due_for_update(tx, sub.namespace_id, sub.id, now, budget.limit)
+    if not due:
+        return []
+    sizes = await store.delivery_event_sizes_by_seq(tx, sub.namespace_id, [r.seq for r in due])
+    rows = []
+    for row in due:
+        if not budget.take(sizes.get(row.seq, 0)):
+            break
+        rows.append(row)
     if not rows:
         return []
     lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
@@ -194,47 +217,49 @@ async def _hand_out_rows(tx: Tx, sub: SubscriptionRow, room: int, now: datetime)
 
 
 async def _hand_out_range(
-    tx: Tx, sub: SubscriptionRow, room: int, now: datetime
+    tx: Tx, sub: SubscriptionRow, budget: HandOutBudget, now: datetime
 ) -> tuple[list[Leased], bool]:
-    """Up to ``room`` new matching events after the cursor as ONE range row; the cursor
-    moves past every event considered (matched or not), never past one left for later.
-    Returns (hand-outs, events left after the cursor)."""
+    """New matching events after the cursor, within the budget, as ONE range row; the cursor
+    moves past every event considered (matched or not), never past one left for later. The
+    events are scanned without their results (sizes only), and only the ones handed out are
+    read. Returns (hand-outs, events left after the cursor)."""
     flt = compile_filter(sub)
     selective = any(v is not None for v in (flt.queues, flt.kinds, flt.states, flt.owner_id))
-    batch = SCAN_BATCH if selective else room
+    batch = SCAN_BATCH if selective else budget.limit - budget.taken
     position = sub.after_seq
     matched: list[ResultEvent] = []
     behind = False
     for _ in range(SCAN_ROUNDS):
-        events = await read_result_events(tx, sub.namespace_id, position, batch)
-        for ev in events:
+        rows = await store.delivery_event_scan_after(tx, sub.namespace_id, position, batch)
+        full = False
+        for row in rows:
+            ev = result_event_from_row(row)
             if ev.seq != position + 1:  # ruled out by orbit.events' locking: only a guard
                 log.warning("result stream gap in namespace %s after seq %d",
                             id_hex(sub.namespace_id), position)  # fmt: skip
-                events = []
+                rows = []
                 break
             if flt.matches(ev):
-                if len(matched) == room:
-                    behind = True
+                if not budget.take(int(row["page_bytes"] or 0)):
+                    full = True
                     break
                 matched.append(ev)
             position = ev.seq
-        if len(matched) == room:
+        if full or not budget.open:
             behind = True  # maybe more: the caller asks again (a probe says if not)
             break
-        if len(events) < batch:
+        if len(rows) < batch:
             break
     else:
         behind = True  # SCAN_ROUNDS full batches read: maybe more
     if position == sub.after_seq:
         return [], behind
     lease_end = now + timedelta(milliseconds=sub.ack_timeout_ms)
-    out: list[Leased] = []
     writes = []
+    range_id = new_id()
+    bucket, ids = dr.new_delivery_ids(len(matched))
+    proofs = [dr.make_proof(range_id, i) for i in range(len(matched))]
     if matched:
-        range_id = new_id()
-        bucket, ids = dr.new_delivery_ids(len(matched))
-        proofs = [dr.make_proof(range_id, i) for i in range(len(matched))]
         writes.append(range_store.range_insert_many(tx, [{
             "namespace_id": sub.namespace_id,
             "id": range_id,
@@ -253,85 +278,33 @@ async def _hand_out_range(
             "lease_expires_at": lease_end,
             "now": now,
         }]))  # fmt: skip
-        out = [
-            Leased(
-                delivery_id=did,
-                seq=ev.seq,
-                event_id=ev.event_id,
-                attempt=1,
-                lease_expires_at=lease_end,
-                event=ev,
-                proof=proof,
-            )
-            for did, ev, proof in zip(ids, matched, proofs, strict=True)
-        ]
-    # The range and the new cursor in ONE round trip; the cursor guarded by its old value.
-    *_, advanced = await tx.pipeline(
+    # The range, the new cursor (guarded by its old value) and the chosen events' results:
+    # ONE round trip.
+    *_, advanced, event_rows = await tx.pipeline(
         *writes,
         sub_store.subscription_advance_if_position(
             tx, sub.namespace_id, sub.id, sub.after_seq, position
         ),
+        store.delivery_event_list_by_seq(tx, sub.namespace_id, [ev.seq for ev in matched]),
     )
     if not advanced:
         raise Conflict("subscription cursor moved concurrently", kind="handout_position")
+    events = {int(r["seq"]): r for r in event_rows}
+    out = [
+        Leased(
+            delivery_id=did,
+            seq=ev.seq,
+            event_id=ev.event_id,
+            attempt=1,
+            lease_expires_at=lease_end,
+            event=result_event_from_row(events[ev.seq]),
+            proof=proof,
+        )
+        for did, ev, proof in zip(ids, matched, proofs, strict=True)
+    ]
     STATS.created += len(out)  # counted before COMMIT: a rolled-back hand-out counts too
     STATS.ranges += 1 if out else 0
     return out, behind
-
-
-#: Most subscriptions one coalesced probe statement looks at.
-PROBE_BATCH = 200
-
-_Probed = tuple[SubscriptionRow, store.LeaseProbe] | None
-
-
-class LeaseProbes:
-    """Coalesces the hand-out probes of this node's consumers (:func:`lease`): the probes
-    asked for while one probe statement is in flight, or in the same turn of the event loop,
-    go together in the next one (``delivery_lease_probe_many``, at most :data:`PROBE_BATCH`
-    subscriptions a statement). Consumers that poll on a shared tick (the subscription
-    stream does) therefore cost one read a tick, not one each. Same answers as one probe
-    each; a failed statement fails the probes it carried.
-    """
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self._pending: dict[tuple[bytes, bytes], list[asyncio.Future[_Probed]]] = {}
-        self._drainer: asyncio.Task[None] | None = None
-        #: Probe statements sent and subscriptions they carried (tests, metrics).
-        self.statements = 0
-        self.probed = 0
-
-    async def probe(self, namespace_id: bytes, subscription_id: bytes) -> _Probed:
-        """The subscription row and its :class:`~orbit.store.deliveries.LeaseProbe`, or None
-        when the subscription is gone."""
-        fut: asyncio.Future[_Probed] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault((namespace_id, subscription_id), []).append(fut)
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.ensure_future(self._drain())
-        return await fut
-
-    async def _drain(self) -> None:
-        while self._pending:
-            await asyncio.sleep(0)  # let the probes of this turn of the loop join
-            keys = list(self._pending)[:PROBE_BATCH]
-            waiters = {k: self._pending.pop(k) for k in keys}
-            self.statements += 1
-            self.probed += len(keys)
-            try:
-                seen = await self.db.read(
-                    lambda tx, k=keys: store.delivery_lease_probe_many(tx, k)  # type: ignore[misc]
-                )
-            except Exception as exc:
-                for futs in waiters.values():
-                    for f in futs:
-                        if not f.done():
-                            f.set_exception(exc)
-                continue
-            for k, futs in waiters.items():
-                for f in futs:
-                    if not f.done():
-                        f.set_result(seen.get(k))
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +314,7 @@ class LeaseAsk:
     namespace_id: bytes
     subscription_id: bytes
     want: int
+    max_bytes: int = MAX_PAGE_BYTES
 
 
 async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch | OrbitError]:
@@ -348,48 +322,56 @@ async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch
     across namespaces and subscriptions, in ONE transaction: the subscription rows locked in
     one statement ((namespace, id) order), then each subscription's reclaim and hand-out
     with their statements sent together (one round trip per step for all of them). Several
-    asks of one subscription share its room: each gets its ``want`` in order. Per ask, its
+    asks of one subscription share its room: each gets up to its ``want`` and its
+    ``max_bytes`` in order (:class:`~orbit.delivery_budget.HandOutBudget`). Per ask, its
     :class:`LeaseBatch` or NotFound for a gone subscription."""
     if not asks:
         return []
     keys = sorted({(a.namespace_id, a.subscription_id) for a in asks})
-    wants: dict[tuple[bytes, bytes], int] = {}
+    shares: dict[tuple[bytes, bytes], list[Ask]] = {}
     for a in asks:
-        k = (a.namespace_id, a.subscription_id)
-        wants[k] = wants.get(k, 0) + max(0, a.want)
+        shares.setdefault((a.namespace_id, a.subscription_id), []).append(
+            Ask(max(0, a.want), a.max_bytes)
+        )
 
     async def run(tx: Tx) -> list[LeaseBatch | OrbitError]:
-        subs, at = await tx.pipeline(
-            sub_store.subscription_lock_keys(tx, keys), clock_now(tx)
-        )
-        locked = [s for s in subs if (s.namespace_id, s.id) in wants]
-        done = await tx.pipeline(*(_lease_locked(tx, s, wants[(s.namespace_id, s.id)], at)
+        subs, at = await tx.pipeline(sub_store.subscription_lock_keys(tx, keys), clock_now(tx))
+        locked = [s for s in subs if (s.namespace_id, s.id) in shares]
+        budgets = {(s.namespace_id, s.id): HandOutBudget(shares[(s.namespace_id, s.id)], 0)
+                   for s in locked}  # fmt: skip
+        done = await tx.pipeline(*(_lease_locked(tx, s, budgets[(s.namespace_id, s.id)], at)
                                    for s in locked))  # fmt: skip
         batches = {(s.namespace_id, s.id): b for s, b in zip(locked, done, strict=True)}
         out: list[LeaseBatch | OrbitError] = []
-        taken: dict[tuple[bytes, bytes], int] = {}
+        taken: dict[tuple[bytes, bytes], tuple[int, int]] = {}  # (asks served, deliveries)
         for a in asks:
             k = (a.namespace_id, a.subscription_id)
             got = batches.get(k)
             if got is None:
                 out.append(NotFound("subscription"))
                 continue
-            start = taken.get(k, 0)
-            taken[k] = start + max(0, a.want)
+            served, start = taken.get(k, (0, 0))
+            end = start + budgets[k].shares[served]
+            taken[k] = (served + 1, end)
             out.append(LeaseBatch(subscription=got.subscription,
-                                  deliveries=got.deliveries[start : taken[k]],
+                                  deliveries=got.deliveries[start:end],
                                   in_flight=got.in_flight, behind=got.behind))  # fmt: skip
         return out
 
     return await db.transaction(run)
 
 
-async def _lease_locked(tx: Tx, sub: SubscriptionRow, want: int, at: datetime) -> LeaseBatch:
-    """Reclaim, then hand out, for ``sub`` whose row this transaction holds."""
+async def _lease_locked(
+    tx: Tx, sub: SubscriptionRow, budget: HandOutBudget, at: datetime
+) -> LeaseBatch:
+    """Reclaim, then hand out within ``budget``, for ``sub`` whose row this transaction
+    holds."""
     await reclaim_locked(tx, sub, at)
-    if want <= 0:
-        return LeaseBatch(subscription=sub, deliveries=[], in_flight=await in_flight_locked(tx, sub))
-    out, in_flight, behind = await hand_out_locked(tx, sub, want, at)
+    if budget.wanted <= 0:
+        return LeaseBatch(
+            subscription=sub, deliveries=[], in_flight=await in_flight_locked(tx, sub)
+        )
+    out, in_flight, behind = await hand_out_locked(tx, sub, 0, at, budget=budget)
     return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight, behind=behind)
 
 
@@ -399,11 +381,14 @@ async def lease(
     subscription_id: bytes,
     want: int,
     *,
+    max_bytes: int = MAX_PAGE_BYTES,
     now: datetime | None = None,
     probes: LeaseProbes | None = None,
     rounds: NodeRound[LeaseAsk, LeaseBatch] | None = None,
 ) -> LeaseBatch:
-    """Hand out up to ``want`` deliveries of one subscription in one transaction.
+    """Hand out up to ``want`` deliveries of one subscription in one transaction, and past
+    the first no more than ``max_bytes`` of stored result JSON (:mod:`orbit.delivery_budget`:
+    the rest stay available to the next hand-out, ``behind`` is then True).
 
     Locks the subscription row (waiting for it: other consumers hold it briefly), reclaims
     expired leases, then hands out due exceptions and new events within ``max_in_flight``.
@@ -438,13 +423,13 @@ async def lease(
             return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight,
                               retry_in_s=None if full else probe.retry_in_s)  # fmt: skip
         if rounds is not None:
-            return await rounds.submit(LeaseAsk(namespace_id, subscription_id, want))
+            return await rounds.submit(LeaseAsk(namespace_id, subscription_id, want, max_bytes))
 
     async def run(tx: Tx) -> LeaseBatch:
         sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now)
         if sub is None:
             raise NotFound("subscription")
-        return await _lease_locked(tx, sub, want, at)
+        return await _lease_locked(tx, sub, HandOutBudget.single(max(0, want), max_bytes), at)
 
     return await db.transaction(run)
 

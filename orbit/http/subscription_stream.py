@@ -22,7 +22,10 @@ Guarantees of one connection:
   sender awaits the transport (which blocks while the client does not read); error replies
   wait for a slot, so a client that floods frames without reading is no longer read from;
   pings are dropped when the queue is full. So a slow reader costs at most ``max_in_flight``
-  frames, whatever the backlog.
+  frames, whatever the backlog. In bytes: one hand-out carries at most ``max_bytes`` of
+  stored results (``settings.max_page_bytes``, 4 MiB; always at least one delivery), and no
+  hand-out starts while the frames queued and not yet sent reach ``max_bytes``, so a slow
+  reader of large results holds about two budgets of frames, not ``max_in_flight`` results.
 * **Keep-alive.** The server sends ``ping`` after ``ping_interval_s`` without sending; it
   closes the connection (code 4408) when nothing was received for ``idle_timeout_s``.
 * **Group-committed acks.** Acks are queued (bounded: the receive loop waits when the queue
@@ -56,6 +59,7 @@ from orbit.http.auditing import settle_failure
 from orbit.http.body import check_depth
 from orbit.http.errors import client_error
 from orbit.ids import id_hex, parse_id
+from orbit.pagination import MAX_PAGE_BYTES
 from orbit.storage import Database, StorageError
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.times import format_time
@@ -209,6 +213,8 @@ class StreamConnection:
         hub: DeliveryHub,
         sub: SubscriptionRow,
         options: StreamOptions | None = None,
+        *,
+        max_bytes: int = MAX_PAGE_BYTES,
     ) -> None:
         self.ws = ws
         self.db = db
@@ -219,6 +225,10 @@ class StreamConnection:
         self.max_in_flight = sub.max_in_flight
         self.capacity = sub.max_in_flight + CONTROL_SLOTS
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=self.capacity)
+        #: The byte budget of one hand-out, and of the frames queued and not yet sent.
+        self.max_bytes = max_bytes
+        self._queued_bytes = 0
+        self._drained = asyncio.Event()
         self.unacked: dict[bytes, _Held] = {}
         #: Acks received, not yet settled: group-committed by :meth:`_ack_loop`.
         self._acks: asyncio.Queue[AckFrame] = asyncio.Queue(maxsize=self.capacity)
@@ -232,12 +242,17 @@ class StreamConnection:
 
     # -- queue helpers
 
+    async def _put(self, text: str) -> None:
+        """Queue a frame for the sender (waits while the queue is full)."""
+        await self.queue.put(text)
+        self._queued_bytes += len(text)
+
     def _note_queue(self) -> None:
         self.stats.max_queue = max(self.stats.max_queue, self.queue.qsize())
 
     async def _send_error(self, code: str, message: str, ref: str | None) -> None:
         self.stats.errors += 1
-        await self.queue.put(error_frame(code, message, ref))  # waits: backpressure
+        await self._put(error_frame(code, message, ref))  # waits: backpressure
         self._note_queue()
 
     # -- tasks
@@ -248,6 +263,9 @@ class StreamConnection:
         earliest lease end, or the safety re-check — no statement per tick."""
         retry_in: float | None = None
         while True:
+            while self._queued_bytes >= self.max_bytes:  # a slow reader: send what is queued
+                self._drained.clear()
+                await self._drained.wait()
             self._wake.clear()
             self._expire_local()
             room = min(
@@ -256,8 +274,8 @@ class StreamConnection:
             )
             if room > 0:
                 batch = await delivery_pump.lease(
-                    self.db, self.namespace_id, self.sub.id, room, probes=self._probes,
-                    rounds=self._handouts,
+                    self.db, self.namespace_id, self.sub.id, room, max_bytes=self.max_bytes,
+                    probes=self._probes, rounds=self._handouts,
                 )  # fmt: skip
                 self.max_in_flight = min(
                     batch.subscription.max_in_flight, self.capacity - CONTROL_SLOTS
@@ -266,7 +284,7 @@ class StreamConnection:
                 for d in batch.deliveries:
                     self.unacked[d.delivery_id] = _Held(d.proof, time.monotonic() + ttl)
                     # A slot is free unless control frames took it meanwhile: then wait.
-                    await self.queue.put(delivery_frame(d))
+                    await self._put(delivery_frame(d))
                 self.stats.leased += len(batch.deliveries)
                 self.stats.max_unacked = max(self.stats.max_unacked, len(self.unacked))
                 self._note_queue()
@@ -299,6 +317,9 @@ class StreamConnection:
         while True:
             text = await self.queue.get()
             await self.ws.send_text(text)
+            self._queued_bytes -= len(text)
+            if self._queued_bytes < self.max_bytes:
+                self._drained.set()
             self.stats.sent += 1
             self._last_sent = time.monotonic()
 
@@ -314,6 +335,7 @@ class StreamConnection:
             if now - self._last_sent >= opts.ping_interval_s:
                 try:
                     self.queue.put_nowait(_PING)
+                    self._queued_bytes += len(_PING)
                     self._last_sent = now
                 except asyncio.QueueFull:
                     self.stats.pings_dropped += 1
@@ -339,7 +361,7 @@ class StreamConnection:
                 await self._acks.join()  # the acks received before this nack settle first
                 await self._settle(frame)
             elif isinstance(frame, PingFrame):
-                await self.queue.put(_PONG)
+                await self._put(_PONG)
                 self._note_queue()
 
     async def _settle(self, frame: AckFrame | NackFrame) -> None:

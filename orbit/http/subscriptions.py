@@ -197,11 +197,14 @@ async def list_deliveries(request: Request) -> Response:
     errors=[400, 404], action=CONSUME, tags=TAGS,
 )  # fmt: skip
 async def pull(request: Request) -> Response:
-    """Lease up to ``max`` deliveries; when none is due, wait up to ``wait_ms`` for one."""
+    """Lease up to ``max`` deliveries, past the first no more than ``max_page_bytes`` of
+    stored results (the rest stay for the next pull); when none is due, wait up to
+    ``wait_ms`` for one."""
     ns, name = request.path_params["ns"], request.path_params["name"]
     p = await authorize(request, CONSUME, ns)
     body = await _optional_body(request, PullBody, PullBody())
-    db = request.app.state.ctx.db
+    ctx = request.app.state.ctx
+    db = ctx.db
     sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
     hub = _hub(request)
     wake = hub.watch(sub.namespace_id, sub.id)
@@ -210,7 +213,7 @@ async def pull(request: Request) -> Response:
         while True:
             wake.clear()
             batch = await delivery_pump.lease(
-                db, sub.namespace_id, sub.id, body.max,
+                db, sub.namespace_id, sub.id, body.max, max_bytes=ctx.settings.max_page_bytes,
                 probes=hub.lease_probes(db), rounds=hub.hand_out_round(db),
             )  # fmt: skip
             remaining = deadline - time.monotonic()
@@ -309,6 +312,7 @@ async def stream(ws: WebSocket) -> None:
         deliveries_hub(ctx),
         sub,
         options if isinstance(options, StreamOptions) else None,
+        max_bytes=ctx.settings.max_page_bytes,
     )
     live = ctx.extras.setdefault("orbit.subscriptions.streams", set())
     live.add(conn)

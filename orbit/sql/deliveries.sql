@@ -164,6 +164,25 @@ SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state,
 FROM orbit_result_events
 WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 
+-- name: delivery_event_sizes_by_seq
+-- The bytes of the stored result and error of each event a hand-out may hand out again (due
+-- PENDING rows): the hand-out stops at its byte budget before it leases or reads them.
+SELECT seq, COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0) AS page_bytes
+FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
+
+-- name: delivery_event_scan_after
+-- Result events after a subscription's cursor without their result and error, with the bytes
+-- of both: the hand-out filters them and stops at its byte budget, then reads only the chosen
+-- events (delivery_event_list_by_seq). Immutable rows, plain read.
+SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state,
+  NULL AS result, NULL AS error, attempts, finished_at, created_at,
+  COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0) AS page_bytes
+FROM orbit_result_events
+WHERE namespace_id = %(namespace_id)s AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s
+
 -- name: delivery_lease_probe_many
 -- The non-locking probe before a hand-out (orbit.delivery_pump.lease), for one or many
 -- subscriptions in ONE statement (delivery_pump.LeaseProbes coalesces a node's consumers'):

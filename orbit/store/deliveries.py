@@ -328,6 +328,26 @@ async def delivery_event_list_by_seq(
     return await tx.fetchall(Q.delivery_event_list_by_seq, args)
 
 
+async def delivery_event_sizes_by_seq(
+    tx: Tx, namespace_id: bytes, seqs: Sequence[int]
+) -> dict[int, int]:
+    """seq → bytes of the stored result and error, for ``seqs`` (missing ones absent)."""
+    if not seqs:
+        return {}
+    args = {"namespace_id": namespace_id, "seqs": tuple(seqs)}
+    rows = await tx.fetchall(Q.delivery_event_sizes_by_seq, args)
+    return {int(r["seq"]): int(r["page_bytes"] or 0) for r in rows}
+
+
+async def delivery_event_scan_after(
+    tx: Tx, namespace_id: bytes, after_seq: int, limit: int
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` result event rows with ``seq > after_seq`` in sequence order, their
+    ``result`` and ``error`` None and their bytes in ``page_bytes``."""
+    args = {"namespace_id": namespace_id, "after_seq": after_seq, "limit": limit}
+    return await tx.fetchall(Q.delivery_event_scan_after, args)
+
+
 # ---- retention purge (orbit.retention_purge) ----------------------------------------------
 
 
