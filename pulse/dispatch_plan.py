@@ -159,7 +159,7 @@ def plan(
             order.append(mine)
             continue
         for qk, q_share in zip(queues, split(p.grant, [p.grant] * len(queues)), strict=True):
-            subs = served.order(subjects[qk], lambda s, qk=qk: ("subject", qk, s))
+            subs = served.order(subjects[qk], _subject_scope(qk))
             mine.append((qk, subs))
             room = queue_room.get(qk, p.grant)
             for s, s_share in zip(subs, split(q_share, [q_share] * len(subs)), strict=True):
@@ -174,6 +174,15 @@ def plan(
         (ns, q, s, bool(v[0]), int(v[1])) for (ns, q, s), v in sorted(limits.items()) if v[1] > 0
     ]
     return Plan(parts, order, cut)
+
+
+def _subject_scope(qk: QueueKey) -> Callable[[bytes], Hashable]:
+    """The key :class:`Served` remembers a subject of queue ``qk`` by."""
+
+    def scope(s: bytes) -> Hashable:
+        return ("subject", qk, s)
+
+    return scope
 
 
 @dataclass

@@ -53,6 +53,11 @@ LOOK_SUBJECTS = 128
 #: hold on the usage rows stay bounded; a round cut by it runs again at once).
 ROUND_MAX_OFFERS = 512
 
+#: Most tasks one pool (sessions of one namespace with the same queues and key ability) is
+#: offered in one round (a pool cut by it runs again at once: a large pool is served over
+#: several short rounds).
+POOL_MAX_OFFERS = 256
+
 DENIAL_RESERVATIONS = "reservations"
 DENIAL_QUEUE_PERMITS = "queue_permits"
 DENIAL_APPLICATION_ACTIVE = "application_active"
@@ -223,8 +228,8 @@ class NodeRound:
                 continue
             if not any((c.info.namespace_id, q.id) in due for q in c.queues):
                 continue  # nothing due on its queues
-            room = int(row["max_concurrency"]) - int(row["held"])
-            if room <= 0:
+            slots = int(row["max_concurrency"]) - int(row["held"])
+            if slots <= 0:
                 out.outcomes[i].at_capacity = True
                 continue
             ns = c.info.namespace_id
@@ -235,7 +240,7 @@ class NodeRound:
             pool = pools.setdefault(
                 (ns, queue_ids, keys_ok), Pool(c.info.application_id, ns, queue_ids, keys_ok)
             )
-            pool.sessions.append((i, room))
+            pool.sessions.append((i, slots))
         if t is None or not pools:
             return out
         # Level 1 and 2: the owners of the due subjects (sorted), then the queues' usage rows

@@ -380,8 +380,8 @@ async def test_every_transaction_locks_usage_rows_first(
         ),
     )
 
-    # Dispatch with several owners (per-owner claims), with a reservation quota, and with an
-    # owner the dispatcher never saw (its claim is re-run with that owner locked).
+    # A session's own dispatch (the node round over it) with several owners, with a
+    # reservation quota, and with an owner new on an idle queue.
     b, q_owner, late = await add_owner(db), await add_owner(db), await add_owner(db)
     for _ in range(2):
         await submit_as(db, t, b)
@@ -389,17 +389,16 @@ async def test_every_transaction_locks_usage_rows_first(
     await set_max_reservations(db, q_owner, 1)
     for _ in range(3):
         await submit_as(db, t, q_owner)
-    d2 = Dispatcher(db, hub, owner_refresh_uses=1_000, owner_refresh_ms=60_000)
+    d2 = Dispatcher(db, hub)
     info2, _ = await open_session(db, t, max_concurrency=64)
     conn2 = await connect(db, hub, info2)
     fair = await c.check("dispatch (several owners, a quota)", offers_of(d2, conn2))
     assert len(fair) >= 5
-    # An owner never seen on an idle queue: the queue-wide claim meets it unlocked, the
-    # transaction is rolled back and run again with its row locked first.
+    # An owner new on an idle queue: the round's look names it, so its row is locked first.
     await t.add_queue("fresh")
     info3, _ = await open_session(db, t, queues=["fresh"], max_concurrency=8)
     conn3 = await connect(db, hub, info3)
-    assert await d2.dispatch_to(conn3) == 0  # probes the idle queue: no owner
+    assert await d2.dispatch_to(conn3) == 0  # the look: no work on the idle queue
     await submit_as(db, t, late, queue="fresh")
     new = await c.check("dispatch (an owner never seen)", offers_of(d2, conn3))
     assert len(new) == 1

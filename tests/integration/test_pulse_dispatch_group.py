@@ -1,10 +1,10 @@
-"""One dispatch transaction for a group of sessions (pulse/dispatch.py ``dispatch_group``).
+"""Sessions served together by the node dispatch round (pulse/dispatch_round.py).
 
 A node's sessions of one namespace that take the same queues (and the same keyed-task
-ability) are served by ONE transaction per round: the usage rows are locked once, the due
-tasks are claimed once for the group's free slots, dealt out round-robin in claim order (so
-priority holds across the group) and each session is offered at most its free slots. Every
-offer must then start through its own session only.
+ability) are one pool of the round: the usage rows are locked once, the due tasks are
+claimed once for the pool's free slots, dealt out round-robin in claim order (so priority
+holds across the pool) and each session is offered at most its free slots. Every offer must
+then start through its own session only.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ async def test_full_and_gone_members_do_not_hold_the_others_back(db, tenant, hub
             (t.namespace_id, gone.info.session_id),
         )
     )
-    assert await d.dispatch_group([full, gone, ok]) == 3
+    assert await d.run_once() == 3  # one round over the three
     assert len(ok.take_offers()) == 3 and not full.take_offers() and not gone.take_offers()
     assert gone.closed
     assert hub.get(t.namespace_id, gone.info.session_id) is None
@@ -121,12 +121,7 @@ async def test_sessions_of_other_queues_or_key_ability_are_pools_of_one_node_rou
     await check_invariants(db, t.namespace_id)
 
 
-async def test_a_large_group_is_served_over_several_transactions(
-    db, tenant, hub, monkeypatch
-) -> None:
-    from pulse import dispatch
-
-    monkeypatch.setattr(dispatch, "GROUP_MAX_CLAIM", 5)
+async def test_a_large_group_is_served_over_several_transactions(db, tenant, hub) -> None:
     t = await tenant()
     for _ in range(12):
         await t.submit()
@@ -134,7 +129,7 @@ async def test_a_large_group_is_served_over_several_transactions(
         await connect(db, hub, (await open_session(db, t, max_concurrency=4))[0]) for _ in range(3)
     ]
     metrics = Registry()
-    d = Dispatcher(db, hub, metrics=metrics)
+    d = Dispatcher(db, hub, metrics=metrics, pool_cap=5)
     assert await d.run_once() == 5  # capped: one transaction, and more is due
     assert d._more
     assert await d.run_once() == 5

@@ -1,7 +1,7 @@
 """Application reservation quota at dispatch (``max_reservations``, docs/dispatch.md
 "Application reservations quota"): an owner never holds more not-yet-started offers than
-its quota — also when the quota is set after the dispatcher's hint was taken, and with
-several dispatchers racing; the withheld slots are counted as denials."""
+its quota — also when the quota is set after the dispatcher last served the owner, and
+with several dispatchers racing; the withheld slots are counted as denials."""
 
 from __future__ import annotations
 
@@ -60,14 +60,15 @@ async def test_quota_caps_offers_and_counts_the_withheld_slots(db, tenant, hub) 
     await check_invariants(db, t.namespace_id)
 
 
-async def test_quota_set_after_the_hint_was_taken_is_still_enforced(db, tenant, hub) -> None:
-    """The dispatcher probed the owner as unlimited; the quota appears afterwards. The
-    guarded counter update refuses the batch, which runs again with the row locked first."""
+async def test_quota_set_after_the_owner_was_served_is_still_enforced(db, tenant, hub) -> None:
+    """The dispatcher served the owner as unlimited; the quota appears afterwards. It is
+    judged on the owner's row as the round locks it, so the next round offers only what the
+    quota leaves."""
     t = await tenant()
     a = t.application_id
     for _ in range(10):
         await t.submit()
-    d = Dispatcher(db, hub, owner_refresh_uses=1_000, owner_refresh_ms=60_000)
+    d = Dispatcher(db, hub)
     small, _ = await open_session(db, t, max_concurrency=2)
     assert await d.dispatch_to(await connect(db, hub, small)) == 2
     await set_max_reservations(db, a, 3)
@@ -93,14 +94,16 @@ async def test_limited_owner_leaves_its_slots_to_the_others(db, tenant, hub) -> 
     assert await d.dispatch_to(conn) == 10
     assert await leased_of(db, t, a) == 2 == await reservations_of(db, a)
     assert await leased_of(db, t, b) == 8 == await reservations_of(db, b)
-    assert _denials(metrics) == 3  # A's share was 5, its quota allowed 2
+    # The round claimed 10 of A's tasks (twice its share of 5) and its quota allowed 2: the
+    # 8 claimed rows it held back are the denials.
+    assert _denials(metrics) == 8
     await check_invariants(db, t.namespace_id)
 
 
 async def test_racing_dispatchers_never_pass_the_quota(db, dsn, tenant) -> None:
-    """Three nodes (own pools and hubs), two sessions each, all dispatching at once, half of
-    them with a hint taken before the quota existed: the owner never holds more than its
-    quota of offers."""
+    """Three nodes (own pools and hubs), two sessions each, all dispatching at once, every
+    one of them having served the owner before the quota existed: the owner never holds
+    more than its quota of offers."""
     t = await tenant()
     a = t.application_id
     for _ in range(40):
@@ -110,13 +113,11 @@ async def test_racing_dispatchers_never_pass_the_quota(db, dsn, tenant) -> None:
         nodes = []
         for i, pool in enumerate(pools):
             hub = Hub(f"quota-node-{i}")
-            d = Dispatcher(pool, hub, owner_refresh_uses=1_000, owner_refresh_ms=60_000)
+            d = Dispatcher(pool, hub)
             conns = []
             for _ in range(2):
                 info, _ = await open_session(pool, t, max_concurrency=8)
                 conns.append(await connect(pool, hub, info))
-            if i % 2 == 0:  # an "unlimited" hint taken before the quota
-                await d.refresh_owner_hint(t.namespace_id, t.queue_id)
             nodes.append((d, conns))
         await set_max_reservations(db, a, 5)
         for _ in range(3):

@@ -1,6 +1,7 @@
-"""Fair dispatch (docs/dispatch.md#fairness-across-owners-queues-and-sessions): within a queue the
-dispatcher shares a session's capacity round-robin across the owners with due tasks, so one
-owner's flood cannot starve another; with one owner it costs one claim query as before."""
+"""Fair dispatch across owners (docs/dispatch.md#the-node-dispatch-round), through a session's
+own dispatch (``Dispatcher.dispatch_to``: the node round over that session): within a queue
+the capacity is shared across the owners with due tasks, least recently served first, so one
+owner's flood cannot starve another; with one owner it costs one look and one claim."""
 
 from __future__ import annotations
 
@@ -30,19 +31,17 @@ async def test_flooding_owner_does_not_starve_another_within_bounded_rounds(
     db, tenant, hub
 ) -> None:
     """Owner A has 10,000 waiting tasks that all became due an hour before owner B's few.
-    In plain dispatch order B would wait for all 10,000. Fair dispatch: once the owner hint
-    is refreshed (at most ``owner_refresh_uses`` dispatches), every round gives B half of
-    the session's free slots, so B's 3 tasks are all offered within refresh + 1 rounds."""
+    In plain dispatch order B would wait for all 10,000. Fair dispatch: the round's look
+    sees B's subject at once and the round gives it its share of the session's free slots,
+    so B's 3 tasks are all offered in the first dispatch after they are submitted."""
     t = await tenant()
-    a = t.application_id
     b = await add_owner(db)
     template = await t.submit()
     await flood(db, t, template["id"], 9_999)  # A: 10,000 waiting tasks
     info, _ = await open_session(db, t, max_concurrency=8)
     conn = await connect(db, hub, info)
-    refresh = 4
-    d = Dispatcher(db, hub, owner_refresh_uses=refresh, owner_refresh_ms=60_000)
-    for _ in range(3):  # the hint now knows only A; each round drains the session
+    d = Dispatcher(db, hub)
+    for _ in range(3):  # only A has due work; each round drains the session
         assert await d.dispatch_to(conn) == 8
         offers = conn.take_offers()
         await finish_offers(db, t, info.session_id, offers)
@@ -50,7 +49,7 @@ async def test_flooding_owner_does_not_starve_another_within_bounded_rounds(
     rounds, got_b, got_a = 0, set(), 0
     while got_b != b_ids:
         rounds += 1
-        assert rounds <= refresh + 1, f"B waited {rounds} rounds (bound {refresh + 1})"
+        assert rounds <= 1, f"B waited {rounds} rounds"
         assert await d.dispatch_to(conn) == 8
         offers = conn.take_offers()
         got_b |= {o.task.id for o in offers} & b_ids
@@ -58,21 +57,20 @@ async def test_flooding_owner_does_not_starve_another_within_bounded_rounds(
         await finish_offers(db, t, info.session_id, offers)
     # A kept flowing meanwhile: its tasks filled every slot B did not need.
     assert got_a == rounds * 8 - len(b_ids)
-    hint = d.owner_hint(t.namespace_id, t.queue_id)
-    assert hint is not None and set(hint.owners) >= {a}
     await check_invariants(db, t.namespace_id)
 
 
 async def test_capacity_is_split_round_robin_across_owners(db, tenant, hub) -> None:
     """Three owners with plenty of due tasks: a session with 6 free slots gets 2 of each;
-    a session with 1 slot gets them in turn (the rotating offset), 2 each in 6 rounds."""
+    a session with 1 slot gets them in turn (least recently served first), 2 each in 6
+    rounds."""
     t = await tenant()
     owners = [t.application_id, await add_owner(db), await add_owner(db)]
     by_task: dict[str, bytes] = {}
     for owner in owners:
         for _ in range(6):
             by_task[(await submit_as(db, t, owner))["id"]] = owner
-    d = Dispatcher(db, hub, owner_refresh_uses=1_000, owner_refresh_ms=60_000)
+    d = Dispatcher(db, hub)
     info, _ = await open_session(db, t, max_concurrency=6)
     conn = await connect(db, hub, info)
     assert await d.dispatch_to(conn) == 6
@@ -101,18 +99,18 @@ async def test_unused_share_goes_to_the_other_owners(db, tenant, hub) -> None:
     d = Dispatcher(db, hub)
     info, _ = await open_session(db, t, max_concurrency=10)
     conn = await connect(db, hub, info)
-    # First use probes the owners: both are known at once.
+    # The look sees both owners' subjects at once.
     assert await d.dispatch_to(conn) == 10
     ids = [o.task.id for o in conn.take_offers()]
     assert b_task["id"] in ids and len(set(ids)) == 10
     await check_invariants(db, t.namespace_id)
 
 
-async def test_single_owner_costs_one_claim_and_rare_probes(db, tenant, hub, monkeypatch) -> None:
-    """With one owner the dispatcher runs the queue-wide claim once per queue per dispatch
-    (as before fairness) and probes the owners only every ``owner_refresh_uses`` uses."""
+async def test_single_owner_costs_one_look_and_one_claim(db, tenant, hub, monkeypatch) -> None:
+    """With one owner every dispatch of the session runs one look (before the round, or
+    inside it once the last look found work) and one claim statement."""
     calls: Counter[str] = Counter()
-    for name in ("task_claim_due_in_queue", "task_claim_due_for_owner", "task_owner_next"):
+    for name in ("round_look", "round_claim"):
         original = getattr(dispatch_store, name)
 
         def counted(*args: Any, _name: str = name, _fn: Any = original, **kw: Any) -> Any:
@@ -124,16 +122,13 @@ async def test_single_owner_costs_one_claim_and_rare_probes(db, tenant, hub, mon
     template = await t.submit()
     await flood(db, t, template["id"], 99)
     metrics = Registry()
-    d = Dispatcher(db, hub, metrics=metrics, owner_refresh_uses=8, owner_refresh_ms=60_000)
+    d = Dispatcher(db, hub, metrics=metrics)
     info, _ = await open_session(db, t, max_concurrency=4)
     conn = await connect(db, hub, info)
     for _ in range(16):
         assert await d.dispatch_to(conn) == 4
         await finish_offers(db, t, info.session_id, conn.take_offers())
-    assert calls["task_claim_due_in_queue"] == 16
-    assert calls["task_claim_due_for_owner"] == 0
-    assert calls["task_owner_next"] == 4  # 2 probes (first use, after 8 uses) × (A, end)
-    assert metrics.counter("pulse_dispatch_owner_probes_total", "").value() == 2
+    assert calls == Counter({"round_look": 16, "round_claim": 16})
     # A full session is dispatch backpressure, counted by kind.
     await d.dispatch_to(conn)
     assert await d.dispatch_to(conn) == 0
@@ -143,48 +138,42 @@ async def test_single_owner_costs_one_claim_and_rare_probes(db, tenant, hub, mon
 
 
 async def test_new_owner_in_an_idle_queue_is_found_at_once(db, tenant, hub) -> None:
-    """The hint is only a hint: an owner it does not list still gets its due tasks by the
-    queue-wide claim when no other owner is in play (e.g. right after a restart)."""
+    """The dispatcher keeps no list of a queue's owners: a new owner's due task on a queue
+    that had none is offered by the next dispatch."""
     t = await tenant()
-    d = Dispatcher(db, hub, owner_refresh_uses=1_000, owner_refresh_ms=60_000)
+    d = Dispatcher(db, hub)
     info, _ = await open_session(db, t, max_concurrency=4)
     conn = await connect(db, hub, info)
-    assert await d.dispatch_to(conn) == 0  # probes: no owner at all
+    assert await d.dispatch_to(conn) == 0  # the look: no work at all
     b = await add_owner(db)
     task = await submit_as(db, t, b)
     assert await d.dispatch_to(conn) == 1
     assert [o.task.id for o in conn.take_offers()] == [task["id"]]
-    hint = d.owner_hint(t.namespace_id, t.queue_id)
-    assert hint is not None and hint.stale  # it met an owner it did not list: re-probe
 
 
-async def test_owner_missing_from_the_hint_gets_spare_capacity_at_once(db, tenant, hub) -> None:
-    """Two owners known, the hint fresh for a long time: a third owner's task still goes out
-    in the very next dispatch when the known owners leave slots free (one queue-wide claim
-    after the per-owner ones), and the hint is marked for a new probe."""
+async def test_a_third_owner_gets_spare_capacity_at_once(db, tenant, hub) -> None:
+    """Two owners served: a third owner's task goes out in the very next dispatch when the
+    others leave slots free (each look walks the queue's subjects anew)."""
     t = await tenant()
     b, c = await add_owner(db), await add_owner(db)
     await t.submit()
     await submit_as(db, t, b)
-    d = Dispatcher(db, hub, owner_refresh_uses=1_000, owner_refresh_ms=60_000)
+    d = Dispatcher(db, hub)
     info, _ = await open_session(db, t, max_concurrency=10)
     conn = await connect(db, hub, info)
     assert await d.dispatch_to(conn) == 2
     conn.take_offers()
-    hint = d.owner_hint(t.namespace_id, t.queue_id)
-    assert hint is not None and set(hint.owners) == {t.application_id, b}
     await t.submit()
     await submit_as(db, t, b)
     late = await submit_as(db, t, c)
     assert await d.dispatch_to(conn) == 3
     assert late["id"] in {o.task.id for o in conn.take_offers()}
-    assert hint.stale
     await check_invariants(db, t.namespace_id)
 
 
-async def test_restart_loses_only_the_hint(db, tenant, hub) -> None:
-    """A fresh dispatcher (a restarted node) has no rotation state: it probes and is fair
-    from its first dispatch."""
+async def test_restart_loses_only_the_serving_order(db, tenant, hub) -> None:
+    """A fresh dispatcher (a restarted node) remembers no one as served: it is fair from its
+    first dispatch."""
     t = await tenant()
     b = await add_owner(db)
     template = await t.submit()

@@ -79,11 +79,8 @@ async def test_a_quiet_tenant_is_served_within_a_bound_among_100_flooding_ones(
 
 
 async def test_dispatch_rotates_across_fairness_keys_within_a_queue(
-    db: Database, tenant: Any, monkeypatch: pytest.MonkeyPatch
+    db: Database, tenant: Any
 ) -> None:
-    from pulse import dispatch
-
-    monkeypatch.setattr(dispatch, "GROUP_MAX_CLAIM", 5)  # 5 offers per round
     t = await tenant()
     # Subject "flood" submits 300 tasks first, then ten other subjects one task each.
     await submit_service.submit_batch(
@@ -93,7 +90,7 @@ async def test_dispatch_rotates_across_fairness_keys_within_a_queue(
     conn = await connect(
         db, hub := Hub("node-keys"), (await open_session(db, t, max_concurrency=1000))[0]
     )
-    d = Dispatcher(db, hub)
+    d = Dispatcher(db, hub, pool_cap=5)  # 5 offers per round
     order: list[str] = []
     for _ in range(6):
         await d.run_once()
@@ -195,13 +192,9 @@ async def test_several_nodes_dispatching_one_queue_never_offer_a_task_twice(
     await _close(db, [c for _, _, conns in nodes for c in conns])
 
 
-async def test_a_round_spans_one_shard_group_only(
-    db: Database, tenant: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_round_spans_one_shard_group_only(db: Database, tenant: Any) -> None:
     import shard_guard
     from test_shard_groups import guarded
-
-    from pulse import dispatch
 
     a, b = await tenant(), await tenant()
     hub = Hub("node-shards")
@@ -211,9 +204,9 @@ async def test_a_round_spans_one_shard_group_only(
     # Under a map with a group per namespace, the dispatcher runs one round per group, and
     # the shard guard sees no transaction spanning two namespaces.
     per_namespace = {a.namespace_id: 1, b.namespace_id: 2}
-    monkeypatch.setattr(dispatch, "shard_group", lambda ns: per_namespace.get(bytes(ns), 0))
+    d = Dispatcher(db, hub, shard_of=lambda ns: per_namespace.get(bytes(ns), 0))
     with guarded("namespace") as g:
-        assert await Dispatcher(db, hub).run_once() == 2
+        assert await d.run_once() == 2
     assert isinstance(g, shard_guard.Guard) and g.violations == []
     assert all(len(c.take_offers()) == 1 for c in conns)
     await _close(db, conns)
