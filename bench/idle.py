@@ -13,12 +13,16 @@ process, so nothing of the earlier scenarios (S4's backlog, S5's owners) is coun
 * **S8**: a namespace whose result stream holds 1M events: one real task's result event,
   copied by SQL (``INSERT … SELECT`` from it, 50k rows a statement, kept out of the binary
   log; the stream row's ``last_seq`` kept equal to the highest sequence), then the level
-  waits until MariaDB has flushed the insert (as S4 does). Window 1: the subscription is
-  created with ``"start": "earliest"`` and nothing consumes it; window 2 (right after): one
-  SDK Subscriber consumes and acks. Per window: rows written (``Handler_write``,
-  ``Innodb_rows_inserted``, per table from the binary log), redo bytes
-  (``Innodb_os_log_written``), data-file bytes (``Innodb_data_written``), and their sum as
-  the bytes MariaDB wrote.
+  waits until MariaDB has flushed the insert (as S4 does) and then until its write counters
+  are quiet (redo + data-file bytes grew by less than 16 KiB a second for 3 seconds in a
+  row), so no background flush or purge of the seeding is counted. A control window of
+  ``control_s`` with nothing happening shows what MariaDB writes on its own. Window 1: the
+  subscription is created with ``"start": "earliest"`` and nothing consumes it; window 2
+  (right after): one SDK Subscriber consumes and acks. Per window: rows written
+  (``Handler_write``, ``Innodb_rows_inserted`` where the server has it, per table from the
+  binary log), redo bytes (``Innodb_os_log_written``), data-file bytes
+  (``Innodb_data_written``), and their sum as the bytes MariaDB wrote; the exact row counts
+  of the subscription's tables before the PUT and after each window.
 """
 
 from __future__ import annotations
@@ -227,8 +231,54 @@ async def _backlog_events(db: ScratchDatabase, namespace: str, n: int) -> float:
     return await asyncio.to_thread(run)
 
 
+_QUIET_KEYS = ("Innodb_os_log_written", "Innodb_data_written")
+
+#: The tables a subscription and its deliveries write (exact counts, outside the windows).
+SUBSCRIPTION_TABLES = ("orbit_subscriptions", "orbit_deliveries", "orbit_delivery_ranges",
+                       "orbit_audit_events")  # fmt: skip
+
+
+async def quiet(db: ScratchDatabase, *, limit_s: float = 120.0, bytes_per_s: int = 16_384,
+                seconds: int = 3) -> dict[str, Any]:  # fmt: skip
+    """Wait until MariaDB's redo + data-file bytes grew by less than ``bytes_per_s`` in each
+    of ``seconds`` consecutive seconds (or ``limit_s`` passed). Returns what it saw."""
+
+    async def sample() -> int:
+        got = await db.query(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_os_log_written',"
+            " 'Innodb_data_written')"
+        )
+        return sum(int(v) for _, v in got)
+
+    began = time.monotonic()
+    last = await sample()
+    calm = 0
+    rates: list[int] = []
+    while time.monotonic() - began < limit_s and calm < seconds:
+        await asyncio.sleep(1.0)
+        now = await sample()
+        rates.append(now - last)
+        last = now
+        calm = calm + 1 if rates[-1] < bytes_per_s else 0
+    return {"waited_s": round(time.monotonic() - began, 1), "quiet": calm >= seconds,
+            "last_bytes_per_s": rates[-seconds:]}  # fmt: skip
+
+
+async def table_rows(db: ScratchDatabase) -> dict[str, int]:
+    """Exact row counts of :data:`SUBSCRIPTION_TABLES` (the ones the schema has)."""
+    have = {r[0] for r in await db.query(
+        "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")}  # fmt: skip
+    out: dict[str, int] = {}
+    for t in SUBSCRIPTION_TABLES:
+        if t in have:
+            ((n,),) = await db.query(f"SELECT COUNT(*) FROM {t}")
+            out[t] = int(n)
+    return out
+
+
 async def s8(*, events: int = 1_000_000, window_s: float = 30.0, consumer_s: float = 10.0,
-             log_path: Path | None = None, tree: Path | None = None) -> dict[str, Any]:  # fmt: skip
+             control_s: float = 10.0, log_path: Path | None = None,
+             tree: Path | None = None) -> dict[str, Any]:  # fmt: skip
     queue = "s8"
     sub = "sub-s8-earliest"
     async with fresh_stack(log_path, tree) as (db, _server, t), \
@@ -255,6 +305,11 @@ async def s8(*, events: int = 1_000_000, window_s: float = 30.0, consumer_s: flo
         await asyncio.sleep(1.0)  # its result event committed with the completion
         insert_s = await _backlog_events(db, t.namespace, events)
         settled = await settle(db)
+        calm = await quiet(db)
+        mark0 = await ledger.current().begin()
+        await asyncio.sleep(control_s)
+        closed0 = await ledger.current().end(mark0)
+        rows_before = await table_rows(db)
         body = {"filter": {"queues": [queue]}, "start": "earliest", "ack_timeout_ms": 60_000,
                 "max_deliveries": 10, "max_in_flight": 1000}  # fmt: skip
         mark = await ledger.current().begin()
@@ -270,6 +325,7 @@ async def s8(*, events: int = 1_000_000, window_s: float = 30.0, consumer_s: flo
             await put  # the consumer needs the subscription
             put_s = round(time.monotonic() - put_began, 2)
         put_status = put.result().status_code
+        rows_after_put = await table_rows(db)
         consumer = Results(t, sub)
         mark2 = await ledger.current().begin()
         consumer.start()
@@ -277,16 +333,25 @@ async def s8(*, events: int = 1_000_000, window_s: float = 30.0, consumer_s: flo
         closed2 = await ledger.current().end(mark2)
         received = consumer.count
         await consumer.stop()
+        rows_after_consumer = await table_rows(db)
+        led0 = await ledger.current().report(closed0, db.name, None)
         led1 = await ledger.current().report(closed1, db.name, None)
         led2 = await ledger.current().report(closed2, db.name, None)
     return {
         "events": events,
         "backlog_insert_s": round(insert_s, 1),
         "settle": settled,
+        "quiet": calm,
+        "control": {"window_s": control_s, **written(led0)},
         "put_status": put_status,
         "put_s": put_s,
         "no_consumer": {"window_s": window_s, **written(led1)},
         "one_consumer": {"window_s": consumer_s, "received": received, **written(led2)},
+        "table_rows": {
+            "before": rows_before,
+            "after_put_window": rows_after_put,
+            "after_consumer_window": rows_after_consumer,
+        },
         "subscriber_error": repr(consumer.error) if consumer.error else None,
         "load_avg": [round(x, 2) for x in os.getloadavg()],
     }

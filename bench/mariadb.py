@@ -12,7 +12,7 @@ loopback only); everything else is the compiled-in default, as on a stock server
 buffer pool, durable commits, O_DIRECT). Added: the binary log (``ROW``,
 ``binlog_row_image=NOBLOB``, ``sync_binlog=0``), which costs MariaDB some CPU per row
 written (``--no-binlog`` leaves it off; the index entries are then not measured). The data
-folder is made fresh under ``.orbit/bench/mariadb`` for every run and deleted at the end.
+folder is made fresh under ``.orbit/bench/mariadb-<pid>`` for every run (so runs can overlap) and deleted at the end.
 """
 
 from __future__ import annotations
@@ -135,7 +135,9 @@ class PrivateMariaDB:
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mariadbd exited with {self.proc.returncode}: {self._log_tail()}")
+                raise RuntimeError(
+                    f"mariadbd exited with {self.proc.returncode}: {self._log_tail()}"
+                )
             try:
                 conn = pymysql.connect(**self.dsn.connect_kwargs(with_database=False),
                                        connect_timeout=1)  # fmt: skip

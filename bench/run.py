@@ -66,6 +66,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--label", default="", help="suffix of an unpublished run's file names")
     p.add_argument("--out-dir", default=None, help="where an unpublished run writes")
     p.add_argument("--s1-seconds", type=float, default=None)
+    p.add_argument("--s8-events", type=int, default=1_000_000,
+                   help="result events in S8's namespace before the subscription")  # fmt: skip
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--profile", action="store_true", help="py-spy the server during S1 and S5")
     p.add_argument(
@@ -104,7 +106,7 @@ async def _database(args: argparse.Namespace) -> tuple[PrivateMariaDB | None, di
     """Point bench.env.DB at the run's database server; (the private instance, its
     description)."""
     if args.dsn == "private":
-        inst = PrivateMariaDB(RUNS_DIR / "mariadb", binlog=not args.no_binlog)
+        inst = PrivateMariaDB(RUNS_DIR / f"mariadb-{os.getpid()}", binlog=not args.no_binlog)
         try:
             await inst.start()
         except Exception as exc:
@@ -210,7 +212,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             raw["server_final_rss_mb"] = round(server.sample().rss_kb / 1024, 1)
         await server.stop()
         if "S8" in want:
-            raw["s8"] = await step("S8", idle.s8(log_path=log_dir / "server-s8.log", tree=tree))
+            raw["s8"] = await step(
+                "S8", idle.s8(events=args.s8_events, log_path=log_dir / "server-s8.log", tree=tree)
+            )
         if "S7" in want:
             raw["s7"] = await step("S7", idle.s7(log_path=log_dir / "server-s7.log", tree=tree,
                                                  window_s=10.0 if quick else 30.0))  # fmt: skip
