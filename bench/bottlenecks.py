@@ -149,15 +149,27 @@ def lines(out: dict[str, Any], missed: list[str]) -> list[str]:
             f"{_num(lp.get('fsyncs'))} vs {_num(lp1.get('fsyncs'))} fsyncs, "
             if lp and lp1 else ""
         )  # fmt: skip
+        by = po.get("by_worker_process") or []
+        split = (
+            f" Results by worker process (owner i's session in process i mod "
+            f"{len(by)}): {' / '.join(str(x) for x in by)}."
+            if len(by) > 1 else ""
+        )  # fmt: skip
+        backlog = many.get("backlog") or {}
+        kept = (
+            f" Every owner kept a backlog of at least "
+            f"{backlog.get('min_owner_backlog_in_window')} tasks in the window."
+            if backlog and not backlog.get("ran_out")
+            else f" {backlog['ran_out']}'s backlog ran out in the window."
+            if backlog.get("ran_out") else ""
+        )  # fmt: skip
         text["s5"] = (
             f"**S5 (100 owners).** Per task with 100 owners against one: {work}server CPU "
             f"{_num(many.get('server_cpu_s_per_1000'))} vs {_num(one.get('server_cpu_s_per_1000'))}"
             f" ms; per-owner results min {po.get('min')}, max {po.get('max')} (Jain "
-            f"{po.get('jain_index')}). The group commits, dispatch groups and subscription "
-            "streams run once per namespace, so 100 owners do 100 times the fixed work, and "
-            f"an owner whose turn is slow falls behind.{_profile(many)} What would break it: "
-            "one transaction per stage and round for all namespaces of a node, rotating by "
-            "application then namespace."
+            f"{po.get('jain_index')}).{kept}{split} What is still per owner: a worker "
+            f"session and a subscription stream each (100 WebSocket connections against one)."
+            f"{_profile(many)}"
         )
     if "s5_fairness_key_max_wait" in m:
         fk = _get(raw, "s5", "fairness_key") or {}
@@ -165,9 +177,10 @@ def lines(out: dict[str, Any], missed: list[str]) -> list[str]:
         text["s5k"] = (
             f"**S5 fairness key.** A non-flooding subject's task waited up to "
             f"{_num(w.get('max'), 0)} dispatches (p99 {_num(w.get('p99'), 0)}) behind subject "
-            f"0's flood of {_num(fk.get('flood'), 0)}: dispatch within the queue takes the "
-            "oldest task first whatever its key. What would break it: dispatch that rotates "
-            "across the fairness keys with waiting tasks."
+            f"0's flood of {_num(fk.get('flood'), 0)}, p50 {_num(w.get('p50'), 0)}: dispatch "
+            "rotates across the keys, so the wait is the tasks already offered or starting on "
+            "the worker slots when the task was submitted. What would break it: a shorter "
+            "submit → start path, fewer tasks held ahead per session."
         )
     if "s6_rss_mb" in m:
         text["s6"] = (
@@ -196,9 +209,9 @@ def lines(out: dict[str, Any], missed: list[str]) -> list[str]:
         text["s8"] = (
             f"**S8 (subscription from earliest).** {_num(w8.get('mb_written'), 1)} MB written "
             f"in {w8.get('window_s')} s with no consumer connected (rows: {top}; PUT answered "
-            f"in {s8.get('put_s')} s): the subscription materialises the backlog as rows. "
-            "What would break it: a cursor or ranges over the stream, with rows only for "
-            "what is in flight."
+            f"in {s8.get('put_s')} s). Creating a subscription should write its own row and "
+            "nothing per event (deliveries are range rows written when handed out); rows of "
+            "`orbit_deliveries` here mean deliveries materialised without a consumer."
         )
     order = ["s1", "ledger", "s2", "s4", "s5", "s5k", "s6", "s7", "s8"]
     return [text[k] for k in order if k in text]

@@ -11,19 +11,28 @@ load; only the number of owners differs:
   processes — one per owner in the 100-owner leg, all in the one namespace in the 1-owner
   leg;
 * the same producers: 2 batch clients (50 tasks a request) + 4 single-submit clients; each
-  request goes to the next owner in turn, so every owner gets the same share;
+  request goes to the owner offered the fewest tasks so far (the next in turn among equals),
+  so every owner is offered the same load, within one batch, whatever mix of batch and
+  single requests it drew;
+* the same backlog: producers pause at ``max_outstanding`` tasks without a result (5,000 =
+  50 per owner of the 100), so every owner has due work queued throughout the window and
+  what each gets out is the server's choice, not its arrival pattern;
 * results through a subscription per namespace over WebSocket (the SDK Subscriber; 100
-  connections vs. 1), producers pausing at ``max_outstanding`` tasks without a result.
+  connections vs. 1).
 
-Figures per leg: results delivered/s, tasks completed/s, submit → result p50/p99, server CPU
-per 1,000 tasks, and how evenly the owners were served (per-owner results in the window:
-min, max and Jain's index, 1.0 = perfectly even).
+The window is steady state: it opens ``warmup`` seconds after the backlog first reached
+``max_outstanding`` and closes after ``seconds``, or earlier when an owner's backlog ran out
+(its tasks without a result fell to what its own sessions hold: from then on it could not
+take its share, and its count would measure the producers). Figures per leg: results
+delivered/s, tasks completed/s, submit → result p50/p99 (queued behind the backlog),
+server CPU per 1,000 tasks, and how evenly the owners were served (per-owner results in the
+window: min, max, Jain's index — 1.0 = perfectly even — the sorted counts, and the sums per
+worker process).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import secrets
 import time
@@ -59,7 +68,10 @@ class S5Config:
     batch_clients: int = 2
     batch_size: int = 50
     single_clients: int = 4
-    max_outstanding: int = 1000
+    #: tasks without a result at which producers pause: the backlog every leg keeps queued
+    max_outstanding: int = 5000
+    #: longest wait for the backlog to first reach ``max_outstanding``
+    fill_limit_s: float = 60.0
     drain_s: float = 30.0
     #: py-spy the server during each leg's window into ``<profile>-<n>owners`` (.svg, -top.txt)
     profile: str | None = None
@@ -72,6 +84,25 @@ class S5Config:
 class _ProfileCfg:  # what scenarios._start_profile reads
     seconds: float
     profile: str | None
+
+
+class EvenOffer:
+    """Deals requests to owners so that each is offered the same load: a request of ``n``
+    tasks goes to the owner offered the fewest tasks so far, the next in turn among equals,
+    so no owner's offered count runs more than one request ahead of another's."""
+
+    def __init__(self, owners: int) -> None:
+        self.offered = [0] * owners
+        self._turn = 0
+
+    def take(self, tasks: int) -> int:
+        """The owner (index) the next request of ``tasks`` tasks goes to."""
+        n = len(self.offered)
+        low = min(self.offered)
+        i = next(j % n for j in range(self._turn, self._turn + n) if self.offered[j % n] == low)
+        self._turn = i + 1
+        self.offered[i] += tasks
+        return i
 
 
 async def make_owners(url: str, admin_key: str, n: int) -> list[Tenant]:
@@ -150,7 +181,7 @@ async def leg(
         owner_of: dict[str, str] = {}
         stop = asyncio.Event()
         errors: list[str] = []
-        turn = itertools.cycle(owners)
+        deal = EvenOffer(len(owners))
         single_body = _ENC.encode({"queue": queue, "kind": "noop", "payload": {}})
         batch_body = _ENC.encode(
             {"tasks": [{"queue": queue, "kind": "noop", "payload": {}}] * cfg.batch_size}
@@ -167,7 +198,7 @@ async def leg(
                 if outstanding() > cfg.max_outstanding:
                     await asyncio.sleep(0.002)
                     continue
-                t = next(turn)
+                t = owners[deal.take(cfg.batch_size)]
                 t0 = time.time()
                 r = await lean.post(f"{t.base()}/tasks:batch", headers=t.headers,
                                     content=batch_body)  # fmt: skip
@@ -185,7 +216,7 @@ async def leg(
                 if outstanding() > cfg.max_outstanding:
                     await asyncio.sleep(0.002)
                     continue
-                t = next(turn)
+                t = owners[deal.take(1)]
                 t0 = time.time()
                 r = await lean.post(f"{t.base()}/tasks", headers=t.headers,
                                     content=single_body)  # fmt: skip
@@ -207,8 +238,25 @@ async def leg(
         base_counts = {ns: r.count for ns, r in results.items()}
         producers = [asyncio.create_task(batch_client()) for _ in range(cfg.batch_clients)]
         producers += [asyncio.create_task(single_client()) for _ in range(cfg.single_clients)]
+        fill_began = time.monotonic()
+        while (outstanding() < cfg.max_outstanding  # noqa: ASYNC110 - a poll
+               and time.monotonic() - fill_began < cfg.fill_limit_s):  # fmt: skip
+            await asyncio.sleep(0.05)
+        fill_s = time.monotonic() - fill_began
         await asyncio.sleep(cfg.warmup)
         names = [t.namespace for t in owners]
+        sent_by: dict[str, int] = dict.fromkeys(names, 0)
+        counted = 0
+        held = max(1, cfg.sessions // len(owners)) * cfg.concurrency  # an owner's own sessions
+
+        def backlog() -> dict[str, int]:
+            nonlocal counted
+            items = list(owner_of.values())
+            for ns in items[counted:]:
+                sent_by[ns] += 1
+            counted = len(items)
+            return {ns: sent_by[ns] - (results[ns].count - base_counts[ns]) for ns in names}
+
         w_start = time.time()
         c0 = {ns: r.count for ns, r in results.items()}
         done0 = await _count_done(db, names, queue)
@@ -217,7 +265,16 @@ async def leg(
         spy = _start_profile(server, _ProfileCfg(cfg.seconds, _profile_stem(cfg.profile, len(owners)))
                              if cfg.profile else _ProfileCfg(cfg.seconds, None))  # fmt: skip
         mark = await ledger.current().begin(s0.cpu_s)
-        await asyncio.sleep(cfg.seconds)
+        min_backlog = min(backlog().values())
+        ran_out: str | None = None
+        while time.time() - w_start < cfg.seconds:
+            await asyncio.sleep(min(0.25, max(0.0, cfg.seconds - (time.time() - w_start))))
+            now_backlog = backlog()
+            low_ns = min(now_backlog, key=now_backlog.__getitem__)
+            min_backlog = min(min_backlog, now_backlog[low_ns])
+            if now_backlog[low_ns] <= held:
+                ran_out = low_ns
+                break
         w_end = time.time()
         c1 = {ns: r.count for ns, r in results.items()}
         s1_ = server.sample()
@@ -263,6 +320,19 @@ async def leg(
             "min": min(per_owner),
             "max": max(per_owner),
             "jain_index": jain(per_owner),
+            "sorted": sorted(per_owner),
+            # Owner i's session runs in worker process i % worker_processes.
+            "by_worker_process": [
+                sum(per_owner[i :: cfg.worker_processes]) for i in range(cfg.worker_processes)
+            ],
+        },
+        "backlog": {
+            "max_outstanding": cfg.max_outstanding,
+            "fill_s": round(fill_s, 1),
+            "filled": fill_s < cfg.fill_limit_s,
+            "min_owner_backlog_in_window": min_backlog,
+            "ran_out": ran_out,
+            "offered_per_owner": [min(deal.offered), max(deal.offered)],
         },
         "probe_results": sum(base_counts.values()),
         "load_avg": [round(x, 2) for x in os.getloadavg()],

@@ -21,16 +21,22 @@ TARGET_DEFS: dict[str, tuple[str, float, str]] = {
     "s1_index_entries_per_task": ("<=", 20, "S1 secondary-index entries written per task"),
     "s5_100_owners_vs_1": (">=", 0.8, "S5 delivered/s, 100 owners ÷ 1 owner"),
     "s5_jain_100_owners": (">=", 0.9, "S5 Jain's index over the 100 owners' results"),
-    "s5_fairness_key_max_wait": ("<=", 10, "S5 fairness key: most dispatches a non-flooding "
-                                 "subject's task waited"),
+    "s5_fairness_key_max_wait": (
+        "<=",
+        10,
+        "S5 fairness key: most dispatches a non-flooding subject's task waited",
+    ),
     "s2_p50_ms": ("<=", 10, "S2 idle submit → handler start p50 ms"),
     "s2_p99_ms": ("<=", 50, "S2 idle submit → handler start p99 ms"),
     "s4_1m_vs_10k": (">=", 0.8, "S4 delivered/s at 1M backlog ÷ at 10k"),
     "s6_rss_mb": ("<", 300, "S6 server RSS MB (200 sessions, 1M backlog)"),
     "s7_server_core": ("<", 0.05, "S7 idle server CPU, cores (1,000 namespaces)"),
     "s7_mariadb_core": ("<", 0.05, "S7 idle MariaDB CPU, cores (1,000 namespaces)"),
-    "s8_mb_written": ("<", 1.0, "S8 MB MariaDB wrote in 30 s after a subscription from "
-                      "earliest on 1M events"),
+    "s8_mb_written": (
+        "<",
+        1.0,
+        "S8 MB MariaDB wrote in 30 s after a subscription from earliest on 1M events",
+    ),
 }
 RATIO_KEYS = tuple(TARGET_DEFS)
 TARGETS = {k: f"{op} {v:g}" for k, (op, v, _) in TARGET_DEFS.items()}
@@ -67,8 +73,9 @@ def ratios(raw: dict[str, Any]) -> dict[str, float | None]:
     rss_values = [r for r in rss if isinstance(r, int | float)]
     per_task = _get(s1, "ledger", "per_task") or {}
     return {
-        "s1_vs_pgqueuer": _div(s1.get("tasks_per_s"),
-                               _get(raw, "peers", "pgqueuer", "throughput", "per_s")),
+        "s1_vs_pgqueuer": _div(
+            s1.get("tasks_per_s"), _get(raw, "peers", "pgqueuer", "throughput", "per_s")
+        ),
         "s1_vs_baseline": _div(s1.get("tasks_per_s"), _get(raw, "s1_baseline", "tasks_per_s")),
         "s1_server_cpu_ms": s1.get("server_cpu_s_per_1000"),
         "s1_mariadb_cpu_ms": _mariadb_ms(s1),
@@ -304,7 +311,8 @@ def _figures(out: dict[str, Any]) -> list[str]:
                 f"({_fmt(fig.get('completed_per_s'))}) | p50/p99 {_fmt(lat5.get('p50_ms'))} / "
                 f"{_fmt(lat5.get('p99_ms'))} ms; server CPU s/1,000 "
                 f"{_fmt(fig.get('server_cpu_s_per_1000'))}; per-owner results min/max "
-                f"{po.get('min')}/{po.get('max')}, Jain {po.get('jain_index')} | {la[0]} |"
+                f"{po.get('min')}/{po.get('max')}, Jain {po.get('jain_index')}"
+                f"{_backlog_note(fig)} | {la[0]} |"
             )
     fk = _get(raw, "s5", "fairness_key")
     if isinstance(fk, dict):
@@ -379,6 +387,24 @@ def _rel(path: str) -> str:
     """``path`` relative to the repository (reports/…) when it is inside it."""
     marker = "reports/"
     return path[path.index(marker) :] if marker in path else path
+
+
+def _backlog_note(fig: dict[str, Any]) -> str:
+    """S5: the backlog every owner kept in the window, and the results per worker process."""
+    b = fig.get("backlog") or {}
+    if not b:
+        return ""
+    po = fig.get("per_owner_results") or {}
+    by = po.get("by_worker_process")
+    out = (
+        f"; backlog {_fmt(b.get('max_outstanding'))}, smallest owner backlog in the window "
+        f"{_fmt(b.get('min_owner_backlog_in_window'))}"
+    )
+    if b.get("ran_out"):
+        out += f" (window closed early: {b['ran_out']} ran out)"
+    if by and fig.get("owners", 1) > 1:
+        out += f"; results by worker process {' / '.join(str(x) for x in by)}"
+    return out
 
 
 def _settle_note(settle: Any) -> str:
