@@ -15,13 +15,17 @@ Several consumers of one subscription can share one hand-out (a node round,
 :func:`orbit.delivery_pump.lease_round`): each ask takes deliveries in order until its
 ``want`` or its own byte budget is reached, then the next ask takes over, so every
 delivery leased belongs to exactly one ask.
+
+What was handed out is then paid for from the application's list-bytes budget
+(:func:`handed_out_bytes`, :meth:`orbit.list_bytes.ListBytes.spend`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from orbit.deliveries import Leased
 from orbit.pagination import MAX_PAGE_BYTES
 
 
@@ -88,3 +92,9 @@ class HandOutBudget:
     def close(self) -> None:
         """No more deliveries (every later :meth:`take` is False)."""
         self._ask = len(self.asks)
+
+
+def handed_out_bytes(deliveries: Iterable[Leased]) -> int:
+    """The stored JSON (results and errors) of the events of ``deliveries``: what the byte
+    budget counts."""
+    return sum(len(d.event.result or "") + len(d.event.error or "") for d in deliveries)

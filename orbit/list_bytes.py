@@ -8,6 +8,12 @@ wait behind that work. Each application has a token bucket of bytes per node
 ``settings.list_bytes_burst``, 32 MiB): a page is charged its bytes after it is sized and
 before its rows are read; a page the bucket cannot pay is 429 ``rate_limited`` with
 ``Retry-After``, having read nothing. Pages of small items cost next to nothing.
+
+Subscription pulls and stream hand-outs spend the same bucket, but they are sized only
+while the deliveries are leased, so they pay afterwards (:meth:`ListBytes.spend`, the
+bucket may go into debt by one hand-out) and the next one waits until the debt is paid
+(:meth:`ListBytes.wait_s`): a pull is then 429 ``rate_limited`` before anything is leased,
+a stream waits before its next hand-out.
 """
 
 from __future__ import annotations
@@ -45,6 +51,27 @@ class ListBytes:
                 reason="list_bytes",
             )
 
+    def spend(self, application_id: bytes, nbytes: int) -> None:
+        """Spend ``nbytes`` (at most the burst) of the application's budget, even past what
+        is left: bytes already handed out (a subscription pull or stream hand-out)."""
+        if nbytes > 0:
+            self._buckets.get(application_id).spend(min(float(nbytes), self.burst))
+
+    def wait_s(self, application_id: bytes) -> float:
+        """Seconds until the application's budget is out of debt (0.0: it may read now)."""
+        return self._buckets.get(application_id).retry_after_s(0.0)
+
+    def check(self, application_id: bytes) -> None:
+        """429 ``rate_limited`` while the application's budget is in debt (a pull waits for
+        its previous hand-outs to be paid for)."""
+        wait = self.wait_s(application_id)
+        if wait > 0:
+            raise RateLimited(
+                "this application reads deliveries faster than the node allows: retry after "
+                "Retry-After or pull fewer bytes (smaller max)",
+                retry_after=max(1, math.ceil(wait)),
+                reason="list_bytes",
+            )
 
     def charge_for(self, application_id: bytes) -> Callable[[int], None]:
         """:meth:`charge` for one application (what list services take as ``charge``)."""

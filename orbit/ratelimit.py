@@ -43,6 +43,12 @@ class TokenBucket:
             return True
         return False
 
+    def spend(self, cost: float) -> None:
+        """Spend ``cost`` tokens whether or not there are that many: the bucket may go into
+        debt, and :meth:`take` refuses until the debt is refilled."""
+        self._fill()
+        self.tokens -= cost
+
     def retry_after_s(self, cost: float = 1.0) -> float:
         """Seconds until ``cost`` tokens will be there."""
         self._fill()

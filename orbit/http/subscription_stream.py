@@ -26,6 +26,8 @@ Guarantees of one connection:
   stored results (``settings.max_page_bytes``, 4 MiB; always at least one delivery), and no
   hand-out starts while the frames queued and not yet sent reach ``max_bytes``, so a slow
   reader of large results holds about two budgets of frames, not ``max_in_flight`` results.
+  The bytes handed out are paid from the application's list-bytes budget
+  (:mod:`orbit.list_bytes`); while it is in debt the next hand-out waits.
 * **Keep-alive.** The server sends ``ping`` after ``ping_interval_s`` without sending; it
   closes the connection (code 4408) when nothing was received for ``idle_timeout_s``.
 * **Group-committed acks.** Acks are queued (bounded: the receive loop waits when the queue
@@ -53,12 +55,14 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from orbit import deliveries, delivery_pump
 from orbit.deliveries import AckItem, Leased, StaleProof, event_json
+from orbit.delivery_budget import handed_out_bytes
 from orbit.delivery_loop import DeliveryHub
 from orbit.errors import InvalidRequest, NotFound, OrbitError
 from orbit.http.auditing import settle_failure
 from orbit.http.body import check_depth
 from orbit.http.errors import client_error
 from orbit.ids import id_hex, parse_id
+from orbit.list_bytes import ListBytes
 from orbit.pagination import MAX_PAGE_BYTES
 from orbit.storage import Database, StorageError
 from orbit.store.subscriptions import SubscriptionRow
@@ -160,6 +164,7 @@ class StreamStats:
     max_queue: int = 0  # high-water mark of the send queue
     max_unacked: int = 0  # high-water mark of unacked hand-outs
     released: int = 0  # deliveries given back when the connection ended
+    throttled: int = 0  # hand-outs delayed for the application's byte budget
 
 
 @dataclass
@@ -215,6 +220,7 @@ class StreamConnection:
         options: StreamOptions | None = None,
         *,
         max_bytes: int = MAX_PAGE_BYTES,
+        rate: tuple[ListBytes, bytes] | None = None,
     ) -> None:
         self.ws = ws
         self.db = db
@@ -229,6 +235,8 @@ class StreamConnection:
         self.max_bytes = max_bytes
         self._queued_bytes = 0
         self._drained = asyncio.Event()
+        #: The node's list-bytes budget and the application that pays for hand-outs.
+        self.rate = rate
         self.unacked: dict[bytes, _Held] = {}
         #: Acks received, not yet settled: group-committed by :meth:`_ack_loop`.
         self._acks: asyncio.Queue[AckFrame] = asyncio.Queue(maxsize=self.capacity)
@@ -266,6 +274,11 @@ class StreamConnection:
             while self._queued_bytes >= self.max_bytes:  # a slow reader: send what is queued
                 self._drained.clear()
                 await self._drained.wait()
+            if self.rate is not None:  # the application's byte budget is in debt: wait
+                wait = self.rate[0].wait_s(self.rate[1])
+                if wait > 0:
+                    self.stats.throttled += 1
+                    await asyncio.sleep(wait)
             self._wake.clear()
             self._expire_local()
             room = min(
@@ -286,6 +299,8 @@ class StreamConnection:
                     # A slot is free unless control frames took it meanwhile: then wait.
                     await self._put(delivery_frame(d))
                 self.stats.leased += len(batch.deliveries)
+                if self.rate is not None:
+                    self.rate[0].spend(self.rate[1], handed_out_bytes(batch.deliveries))
                 self.stats.max_unacked = max(self.stats.max_unacked, len(self.unacked))
                 self._note_queue()
                 retry_in = batch.retry_in_s

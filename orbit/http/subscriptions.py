@@ -28,6 +28,7 @@ from starlette.websockets import WebSocket
 from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.credentials import Principal
 from orbit.deliveries import DeliveryOut, delivery_info, delivery_out
+from orbit.delivery_budget import handed_out_bytes
 from orbit.delivery_loop import DeliveryHub, deliveries_hub
 from orbit.errors import InvalidRequest, NotFound
 from orbit.http.auditing import ACK_ACTION, NACK_ACTION, audit_intent, request_id
@@ -38,6 +39,7 @@ from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.http.subscription_stream import StreamConnection, StreamOptions
 from orbit.ids import parse_id
+from orbit.list_bytes import list_bytes_of
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
 from orbit.subscriptions import (
     CONSUME,
@@ -194,18 +196,21 @@ async def list_deliveries(request: Request) -> Response:
 
 @api(
     "Lease deliveries over HTTP (long poll)", body=PullBody, responses={200: PullOut},
-    errors=[400, 404], action=CONSUME, tags=TAGS,
+    errors=[400, 404, 429], action=CONSUME, tags=TAGS,
 )  # fmt: skip
 async def pull(request: Request) -> Response:
     """Lease up to ``max`` deliveries, past the first no more than ``max_page_bytes`` of
     stored results (the rest stay for the next pull); when none is due, wait up to
-    ``wait_ms`` for one."""
+    ``wait_ms`` for one. The bytes handed out are paid from the application's list-bytes
+    budget afterwards; while it is in debt a pull is 429 before anything is leased."""
     ns, name = request.path_params["ns"], request.path_params["name"]
     p = await authorize(request, CONSUME, ns)
     body = await _optional_body(request, PullBody, PullBody())
     ctx = request.app.state.ctx
     db = ctx.db
     sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
+    rate = list_bytes_of(ctx)
+    rate.check(p.application_id)  # 429 while earlier hand-outs are not paid for
     hub = _hub(request)
     wake = hub.watch(sub.namespace_id, sub.id)
     deadline = time.monotonic() + body.wait_ms / 1000.0
@@ -226,6 +231,7 @@ async def pull(request: Request) -> Response:
                     await wake.wait()
     finally:
         hub.unwatch(sub.namespace_id, sub.id, wake)
+    rate.spend(p.application_id, handed_out_bytes(batch.deliveries))
     return json_response(PullOut(deliveries=[delivery_out(d) for d in batch.deliveries]))
 
 
@@ -313,6 +319,7 @@ async def stream(ws: WebSocket) -> None:
         sub,
         options if isinstance(options, StreamOptions) else None,
         max_bytes=ctx.settings.max_page_bytes,
+        rate=(list_bytes_of(ctx), p.application_id),
     )
     live = ctx.extras.setdefault("orbit.subscriptions.streams", set())
     live.add(conn)

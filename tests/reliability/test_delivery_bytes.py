@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect
 
 from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
+from orbit.list_bytes import LIST_BYTES_KEY, ListBytes
 from orbit.pagination import MAX_PAGE_BYTES
 from orbit.storage import Database, Tx
 from orbit.store import delivery_ranges as range_store
@@ -219,3 +220,52 @@ async def test_a_stream_hands_out_in_budgets_and_loses_nothing(
     ranges = await _ranges(db, t, sub_id)
     assert sum(r.n for r in ranges) == EVENTS
     assert all(r.n <= PER_BUDGET for r in ranges)  # every hand-out within the budget
+
+
+# ----------------------------------------------------------------------------- byte rate
+
+
+def _slow_budget(server: LiveServer) -> None:
+    """This node's list-bytes budget at 1 byte a second, bursts of 1 MiB: one hand-out of big
+    results spends the burst, the next puts the application in debt for good."""
+    server.ctx.extras[LIST_BYTES_KEY] = ListBytes(1, 1024 * KIB)
+
+
+async def test_pulls_pay_from_the_applications_byte_rate(db: Database, server: LiveServer) -> None:
+    t = await make_tenant(db)
+    await _big_events(db, t)
+    await _sub(db, t)
+    _slow_budget(server)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+        for _ in range(2):  # the first empties the bucket, the second puts it in debt
+            r = await http.post(f"{_path(t)}/pull", json={"max": 500}, headers=t.auth)
+            assert r.status_code == 200 and len(r.json()["deliveries"]) == PER_BUDGET
+        r = await http.post(f"{_path(t)}/pull", json={"max": 500}, headers=t.auth)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "rate_limited"
+        assert int(r.headers["Retry-After"]) >= 1
+    backlog = await _backlog(db, t)
+    assert backlog.in_flight == 2 * PER_BUDGET  # the refused pull leased nothing
+    assert backlog.unscanned_events == EVENTS - 2 * PER_BUDGET
+
+
+async def test_a_stream_waits_for_the_applications_byte_rate(
+    db: Database, server: LiveServer
+) -> None:
+    t = await make_tenant(db)
+    await _big_events(db, t)
+    await _sub(db, t)
+    _slow_budget(server)
+    url = f"{server.ws_base}{_path(t)}/stream"
+    async with connect(url, additional_headers=t.auth, max_size=None, compression=None) as ws:
+        async with asyncio.timeout(30):
+            for _ in range(2 * PER_BUDGET):
+                while msgspec.json.decode(await ws.recv())["type"] != "delivery":
+                    pass
+
+        async def throttled() -> Any:
+            return next((c for c in server.streams if c.stats.throttled), None)
+
+        conn = await eventually(throttled)
+        assert conn.stats.leased == 2 * PER_BUDGET  # the third hand-out waits, leasing nothing
+        assert (await _backlog(db, t)).in_flight == 2 * PER_BUDGET
