@@ -41,6 +41,11 @@ log = logging.getLogger("orbit.delivery_loop")
 
 HUB_KEY = "orbit.deliveries.hub"
 
+#: A delivery-loop round between full reads looks at the streams that moved this many
+#: seconds back (by the database clock): far more than a round takes, so a move committed
+#: late by a slow transaction is still within it.
+MOVED_WINDOW_S = 5
+
 
 class DeliveryHub:
     """Wakes this process's consumers of a subscription when something may be due for them
@@ -193,6 +198,7 @@ class DeliveryLoop:
         batches_per_subscription: int = 10,
         sweep_per_round: int = 200,
         sweep_interval_s: float = 1.0,
+        full_read_s: float = 2.0,
     ) -> None:
         self.db = db
         self.hub = hub
@@ -203,6 +209,10 @@ class DeliveryLoop:
         self.sweep_interval_s = sweep_interval_s
         self._last_sweep = float("-inf")
         self._tops: dict[bytes, int] = {}  # last seen stream position per watched namespace
+        #: Between full reads of every watched stream (at most every ``full_read_s``), a
+        #: round reads only the streams that moved in the last MOVED_WINDOW_S seconds.
+        self.full_read_s = full_read_s
+        self._last_full = float("-inf")
         self._sweep_after: tuple[bytes, bytes] | None = None
         self._metrics = metrics
         if metrics is not None:
@@ -234,24 +244,40 @@ class DeliveryLoop:
         """Wake this node's consumers of the namespaces whose result stream moved since the
         last round (new events to hand out): ONE primary-key read of the watched
         namespaces' stream rows, nothing when no consumer is connected, nothing per stream.
-        Nothing is written: the hand-out reads the events itself."""
+        Nothing is written: the hand-out reads the events itself.
+
+        The read returns only the streams that moved in the last :data:`MOVED_WINDOW_S`
+        seconds (their ``updated_at``), so a quiet node decodes no rows; every
+        ``full_read_s``, and whenever a namespace starts being watched, it reads every
+        watched stream instead (a stream stamped with a clock older than the window — a
+        pinned test clock, a round stalled for longer — is seen there). Wakes are hints:
+        consumers also look on their own tick."""
         if self.hub is None:
             return
         namespaces = {ns for ns, _ in self.hub.watching()}
         if not namespaces:
             self._tops.clear()
             return
+        clock = time.monotonic()
+        full = clock - self._last_full >= self.full_read_s or not namespaces <= self._tops.keys()
+        order = sorted(namespaces)
 
         async def tops(tx: Tx) -> dict[bytes, int]:
-            return await sub_store.subscription_stream_tops(tx, sorted(namespaces))
+            if full:
+                return await sub_store.subscription_stream_tops(tx, order)
+            return await sub_store.subscription_streams_moved(tx, order, MOVED_WINDOW_S)
 
         seen = await self.db.read(tops)
-        for ns in namespaces:
-            top = seen.get(ns, 0)
+        if full:
+            self._last_full = clock
+        tops_now: dict[bytes, int] = {}
+        for ns in order:
+            top = seen.get(ns, 0) if full else seen.get(ns, self._tops.get(ns, 0))
             if top != self._tops.get(ns):
                 rnd.behind += 1
                 self.hub.notify_namespace(ns)
-        self._tops = {ns: seen.get(ns, 0) for ns in namespaces}
+            tops_now[ns] = top
+        self._tops = tops_now
 
     async def _sweep_round(self, rnd: LoopRound, now: datetime | None) -> None:
         """Reclaim expired leases of a page of subscriptions (at most every

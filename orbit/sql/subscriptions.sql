@@ -93,6 +93,15 @@ SELECT namespace_id, last_seq
 FROM orbit_event_streams
 WHERE namespace_id IN %(namespace_ids)s
 
+-- name: subscription_streams_moved
+-- The stream positions of the watched namespaces whose stream moved in the last
+-- %(window_s)s seconds (by the stream row's updated_at): what a delivery-loop round reads
+-- between its full reads (subscription_stream_tops), so a quiet node decodes no rows.
+SELECT namespace_id, last_seq
+FROM orbit_event_streams
+WHERE namespace_id IN %(namespace_ids)s
+  AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL %(window_s)s SECOND
+
 -- name: subscription_list_page
 -- Every subscription, in (namespace_id, id) order after a key, for the lease-expiry sweep.
 SELECT namespace_id, id

@@ -153,6 +153,20 @@ async def subscription_stream_tops(tx: Tx, namespace_ids: Sequence[bytes]) -> di
     return {bytes(r["namespace_id"]): int(r["last_seq"]) for r in rows}
 
 
+async def subscription_streams_moved(
+    tx: Tx, namespace_ids: Sequence[bytes], window_s: int
+) -> dict[bytes, int]:
+    """``last_seq`` of the namespaces among ``namespace_ids`` whose result stream moved in the
+    last ``window_s`` seconds (by the database clock); the others are absent."""
+    if not namespace_ids:
+        return {}
+    rows = await tx.fetchall(
+        Q.subscription_streams_moved,
+        {"namespace_ids": tuple(sorted(set(namespace_ids))), "window_s": int(window_s)},
+    )
+    return {bytes(r["namespace_id"]): int(r["last_seq"]) for r in rows}
+
+
 async def subscription_list_page(
     tx: Tx, after: tuple[bytes, bytes] | None, limit: int
 ) -> list[SubscriptionKey]:

@@ -212,6 +212,46 @@ async def test_wake_round_is_one_read_whatever_the_streams(db: Database) -> None
     assert len(rec) == 1 and quiet.behind == 0
 
 
+async def test_wake_round_between_full_reads_reads_only_moved_streams(db: Database) -> None:
+    """Between full reads the wake round asks only for the streams that moved lately (a
+    quiet node decodes no rows) and still wakes a namespace with new events; a stream
+    stamped with an old clock, which that read cannot see, is woken by the next full read."""
+    from orbit.delivery_loop import DeliveryHub, DeliveryLoop
+
+    tenants = [await make_tenant(db) for _ in range(3)]
+    hub = DeliveryHub()
+    loop = DeliveryLoop(db, hub=hub, sweep_interval_s=3600.0, full_read_s=3600.0)
+    loop._last_sweep = float("inf")
+    watchers = {t.namespace_id: hub.watch(t.namespace_id, new_id()) for t in tenants}
+    first = await loop.run_once()  # a namespace seen for the first time: a full read
+    assert first.behind == 3
+    for ev in watchers.values():
+        ev.clear()
+    with recorded() as rec:
+        quiet = await loop.run_once()
+    assert len(rec) == 1 and "updated_at >=" in rec[0] and quiet.behind == 0
+    await append_results(db, tenants[1].namespace_id, 2)
+    with recorded() as rec:
+        moved = await loop.run_once()
+    assert len(rec) == 1 and "updated_at >=" in rec[0] and moved.behind == 1
+    assert {ns for ns, ev in watchers.items() if ev.is_set()} == {tenants[1].namespace_id}
+    watchers[tenants[1].namespace_id].clear()
+    await append_results(db, tenants[0].namespace_id, 1)
+    await db.transaction(
+        lambda tx: tx.execute(
+            "UPDATE orbit_event_streams SET updated_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR"
+            " WHERE namespace_id = %s",
+            (tenants[0].namespace_id,),
+        )
+    )
+    assert (await loop.run_once()).behind == 0  # stamped an hour ago: not in the window
+    loop._last_full = float("-inf")  # the next full read is due
+    with recorded() as rec:
+        full = await loop.run_once()
+    assert len(rec) == 1 and "updated_at >=" not in rec[0] and full.behind == 1
+    assert {ns for ns, ev in watchers.items() if ev.is_set()} == {tenants[0].namespace_id}
+
+
 async def test_hand_out_round_spans_namespaces_in_one_transaction(db: Database) -> None:
     """One node round hands out for several subscriptions of several namespaces: their rows
     locked in ONE statement, one range row each, two asks of one subscription sharing its
