@@ -262,6 +262,7 @@ async def leg(
         done0 = await _count_done(db, names, queue)
         s0 = server.sample()
         w0 = [proc_sample(p) for p in workers.pids()]
+        b0 = time.process_time()  # the bench process: producers and every subscriber
         spy = _start_profile(server, _ProfileCfg(cfg.seconds, _profile_stem(cfg.profile, len(owners)))
                              if cfg.profile else _ProfileCfg(cfg.seconds, None))  # fmt: skip
         mark = await ledger.current().begin(s0.cpu_s)
@@ -281,6 +282,7 @@ async def leg(
         closed = await ledger.current().end(mark, s1_.cpu_s)
         done1 = await _count_done(db, names, queue)
         w1 = [proc_sample(p) for p in workers.pids()]
+        b1 = time.process_time()
         stop.set()
         await asyncio.gather(*producers, return_exceptions=True)
         deadline = time.monotonic() + cfg.drain_s
@@ -314,6 +316,7 @@ async def leg(
         "workers_cpu_util": round(
             sum(b.cpu_s - a.cpu_s for a, b in zip(w0, w1, strict=True)) / window, 3
         ),
+        "bench_cpu_util": round((b1 - b0) / window, 3),
         "profile": profile,
         "ledger": led,
         "per_owner_results": {

@@ -404,6 +404,11 @@ def _backlog_note(fig: dict[str, Any]) -> str:
         out += f" (window closed early: {b['ran_out']} ran out)"
     if by and fig.get("owners", 1) > 1:
         out += f"; results by worker process {' / '.join(str(x) for x in by)}"
+    if fig.get("bench_cpu_util") is not None:
+        out += (
+            f"; CPU (cores) server {_fmt(fig.get('server_cpu_util'))}, workers "
+            f"{_fmt(fig.get('workers_cpu_util'))}, bench {_fmt(fig['bench_cpu_util'])}"
+        )
     return out
 
 
