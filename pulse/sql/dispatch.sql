@@ -1,5 +1,5 @@
--- Dispatch (step 1 of two-step dispatch): which owners have waiting work in a queue, and the
--- claims of due tasks, queue-wide or per owner (docs/dispatch.md).
+-- Dispatch (step 1 of two-step dispatch): the node dispatch round's look and claim, and the
+-- usage locks and reservation counters it shares with the submit's offer (docs/dispatch.md).
 --
 -- "Due" = WAITING, available_at <= now (dispatch_at <= now is implied by it — priority only
 -- moves dispatch_at earlier — but bounds the index range), not past its deadline, and keyed
@@ -11,79 +11,17 @@
 -- (a flooding owner makes the optimizer guess wrong otherwise). %(now)s is never NULL here:
 -- the dispatcher reads the database clock once per transaction (pulse.attempts.now_in_tx).
 
--- name: task_owner_next
--- The next owner (by id, after %(after)s; NULL: the first) with WAITING tasks in the queue,
--- with the dispatch_at of its first task: ONE dive into ix_pulse_tasks_owner_dispatch
--- (ORDER BY follows the index, LIMIT 1), whatever the backlog. The dispatcher walks the
--- owners with it (a skip scan by hand). Not a GROUP BY: MariaDB only plans that as a loose
--- index scan ("Using index for group-by") when the index statistics are fresh — right after
--- a bulk insert it read the whole backlog with a temporary table instead.
-SELECT owner_id, dispatch_at AS first_dispatch_at
-FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_owner_dispatch)
-WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
-  AND (%(after)s IS NULL OR owner_id > %(after)s)
-ORDER BY owner_id, dispatch_at
-LIMIT 1
-
--- name: application_reservation_limits_many
--- Unlocked probe of the owners' reservation quotas (platform table, keyed by application):
--- a hint for which owners' rows the dispatcher must lock before it claims.
-SELECT application_id, max_reservations
-FROM orbit_application_resources
-WHERE application_id IN %(ids)s
-
--- name: task_claim_due_in_queue
--- Queue-wide claim in dispatch order (one owner in play): ix_pulse_tasks_dispatch.
-SELECT t.namespace_id, t.id, t.owner_id, t.queue_id, t.queue_name, t.kind, t.payload,
-  t.priority, t.available_at, t.dispatch_at, t.deadline_at, t.concurrency_key,
-  t.concurrency_key_digest, t.state, t.state_version, t.attempts, t.revision
-FROM pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)
-WHERE t.namespace_id = %(namespace_id)s AND t.queue_id = %(queue_id)s AND t.state = 'WAITING'
-  AND t.dispatch_at <= %(now)s AND t.available_at <= %(now)s
-  AND (t.deadline_at IS NULL OR t.deadline_at > %(now)s)
-  AND (t.concurrency_key_digest IS NULL OR (%(keys_ok)s = 1 AND (
-    SELECT c.held >= c.max_permits
-    FROM pulse_concurrency_limits c FORCE INDEX (uq_pulse_concurrency_limits_key)
-    WHERE c.namespace_id = %(namespace_id)s AND c.key_digest = t.concurrency_key_digest
-  ) IS NOT TRUE))
-ORDER BY t.dispatch_at, t.id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-
--- name: task_claim_due_for_owner
--- One owner's due tasks in dispatch order, after the (after_at, after_id) position (the last
--- task this transaction already claimed of that owner; NULL: from the start): a range of
--- ix_pulse_tasks_owner_dispatch, so another owner's backlog is never read.
-SELECT t.namespace_id, t.id, t.owner_id, t.queue_id, t.queue_name, t.kind, t.payload,
-  t.priority, t.available_at, t.dispatch_at, t.deadline_at, t.concurrency_key,
-  t.concurrency_key_digest, t.state, t.state_version, t.attempts, t.revision
-FROM pulse_tasks t FORCE INDEX (ix_pulse_tasks_owner_dispatch)
-WHERE t.namespace_id = %(namespace_id)s AND t.queue_id = %(queue_id)s AND t.state = 'WAITING'
-  AND t.owner_id = %(owner_id)s
-  AND t.dispatch_at <= %(now)s AND t.available_at <= %(now)s
-  AND (%(after_at)s IS NULL OR t.dispatch_at > %(after_at)s
-    OR (t.dispatch_at = %(after_at)s AND t.id > %(after_id)s))
-  AND (t.deadline_at IS NULL OR t.deadline_at > %(now)s)
-  AND (t.concurrency_key_digest IS NULL OR (%(keys_ok)s = 1 AND (
-    SELECT c.held >= c.max_permits
-    FROM pulse_concurrency_limits c FORCE INDEX (uq_pulse_concurrency_limits_key)
-    WHERE c.namespace_id = %(namespace_id)s AND c.key_digest = t.concurrency_key_digest
-  ) IS NOT TRUE))
-ORDER BY t.dispatch_at, t.id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-
 -- name: application_reservations_add_within_limit
 -- Add offered attempts to the owner's reservations unless that passes its max_reservations.
--- 0 rows: the row is missing (nothing to count) or the quota would be exceeded; the caller
--- tells them apart with application_reservation_limits_many and then locks the row first.
+-- 0 rows: the row is missing (nothing to count) or the quota would be exceeded (the caller
+-- holds the row locked and judged the quota on it, so only a missing row gives 0).
 UPDATE orbit_application_resources
 SET reservations = reservations + %(n)s
 WHERE application_id = %(application_id)s
   AND (max_reservations IS NULL OR reservations + %(n)s <= max_reservations)
 
 -- name: usage_lock_with_limits
--- The dispatch transaction's first locks (pulse.transitions.lock_usage's usage_lock_all, plus
+-- The submit's offer's first locks (pulse.transitions.lock_usage's usage_lock_all, plus
 -- the limits the offers are capped by): the owners' application resources rows sorted, then
 -- the queues' usage rows sorted, in ONE statement (a UNION ALL runs its parts in order, each
 -- a primary-key range read in ascending order: the lock order). Application rows carry
@@ -212,7 +150,7 @@ UNION ALL
 -- queue, fairness subject) in play): that subject's due tasks in dispatch order, a range of
 -- ix_pulse_tasks_fair (another subject's backlog is never read), at most LIMIT, FOR UPDATE
 -- SKIP LOCKED (a row another transaction holds is skipped, never waited for). Keyed tasks
--- as in task_claim_due_in_queue. Parameters: namespace, queue, subject, now ×3, keys_ok,
+-- only for a session that handles keys, while the key is not held. Parameters: namespace, queue, subject, now ×3, keys_ok,
 -- limit.
 (SELECT t.namespace_id, t.id, t.owner_id, t.queue_id, t.queue_name, t.kind, t.payload,
   t.priority, t.available_at, t.dispatch_at, t.deadline_at, t.concurrency_key,

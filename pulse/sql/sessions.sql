@@ -135,13 +135,6 @@ WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'W
   AND dispatch_at <= %(now)s AND id NOT IN %(ids)s
 LIMIT 1
 
--- name: session_count_held
--- Flow control: attempts the session holds (offered or running), on ix_pulse_attempts_session.
-SELECT COUNT(*) AS n
-FROM pulse_attempts
-WHERE namespace_id = %(namespace_id)s AND session_id = %(session_id)s
-  AND state IN ('OFFERED', 'RUNNING')
-
 -- name: session_list_held
 -- Attempts the session holds, for recovery after the session ends.
 SELECT namespace_id, id, task_id, state

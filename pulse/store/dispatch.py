@@ -1,11 +1,10 @@
-"""SQL of the dispatcher (``pulse/sql/dispatch.sql``): the usage rows locked first (with the
-limits the offers are capped by), owners with waiting work in a queue,
-claims of due tasks (queue-wide or per owner) and the reservation quota of owners.
+"""SQL of dispatch (``pulse/sql/dispatch.sql``): the node dispatch round's look, locks and
+claim, and the usage rows locked first (with the limits offers are capped by) and the
+reservation counters of the submit's offer.
 
-Every function runs one query on the caller's open :class:`~orbit.storage.Tx`. The claims
-lock what they return (``FOR UPDATE SKIP LOCKED``: rows another transaction holds are
-skipped, never waited for); a row the *caller's* transaction already locked is not skipped,
-which is why the per-owner claim takes an ``after`` position.
+Every function runs one query on the caller's open :class:`~orbit.storage.Tx`. The claim
+locks what it returns (``FOR UPDATE SKIP LOCKED``: rows another transaction holds are
+skipped, never waited for).
 """
 
 from __future__ import annotations
@@ -21,86 +20,6 @@ from pulse.store.queues import Q as queue_queries
 Q = load_queries(__file__, "dispatch")
 
 Row = dict[str, Any]
-
-
-async def task_owner_next(
-    tx: Tx, namespace_id: bytes, queue_id: bytes, after: bytes | None
-) -> tuple[bytes, datetime] | None:
-    """The next owner after ``after`` (None: the first, by id) with WAITING tasks in the
-    queue and the ``dispatch_at`` of its first task; None past the last (no lock; one index
-    dive)."""
-    row = await tx.fetchone(
-        Q.task_owner_next, {"namespace_id": namespace_id, "queue_id": queue_id, "after": after}
-    )
-    return None if row is None else (row["owner_id"], row["first_dispatch_at"])
-
-
-async def application_reservation_limits_many(
-    tx: Tx, application_ids: Sequence[bytes]
-) -> dict[bytes, int | None]:
-    """``max_reservations`` (None = unlimited) of the applications that have a resources
-    row (no lock)."""
-    if not application_ids:
-        return {}
-    rows = await tx.fetchall(
-        Q.application_reservation_limits_many, {"ids": tuple(sorted(set(application_ids)))}
-    )
-    return {
-        r["application_id"]: None if r["max_reservations"] is None else int(r["max_reservations"])
-        for r in rows
-    }
-
-
-async def task_claim_due_in_queue(
-    tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, keys_ok: bool, limit: int
-) -> list[Row]:
-    """Lock up to ``limit`` due tasks of the queue, any owner, in dispatch order."""
-    return await tx.fetchall(
-        Q.task_claim_due_in_queue,
-        {
-            "namespace_id": namespace_id,
-            "queue_id": queue_id,
-            "now": now,
-            "keys_ok": int(keys_ok),
-            "limit": limit,
-        },
-    )
-
-
-async def task_claim_due_for_owner(
-    tx: Tx,
-    namespace_id: bytes,
-    queue_id: bytes,
-    owner_id: bytes,
-    now: datetime,
-    keys_ok: bool,
-    limit: int,
-    after: tuple[datetime, bytes] | None = None,
-) -> list[Row]:
-    """Lock up to ``limit`` due tasks of one owner in the queue, in dispatch order, after
-    ``after`` = (dispatch_at, id) of the last task this transaction claimed of that owner."""
-    return await tx.fetchall(
-        Q.task_claim_due_for_owner,
-        {
-            "namespace_id": namespace_id,
-            "queue_id": queue_id,
-            "owner_id": owner_id,
-            "now": now,
-            "keys_ok": int(keys_ok),
-            "limit": limit,
-            "after_at": None if after is None else after[0],
-            "after_id": None if after is None else after[1],
-        },
-    )
-
-
-async def application_reservations_add_within_limit(tx: Tx, application_id: bytes, n: int) -> bool:
-    """Add ``n`` reservations to the application's usage row unless that passes its
-    ``max_reservations``. False: the row is missing, or the quota would be exceeded."""
-    count = await tx.execute(
-        Q.application_reservations_add_within_limit, {"application_id": application_id, "n": n}
-    )
-    return count == 1
 
 
 async def usage_lock_with_limits(
@@ -226,4 +145,3 @@ def reservation_statements(
         for queue_id, n in sorted(per_queue.items())
     ]  # fmt: skip
     return out
-

@@ -113,14 +113,6 @@ async def session_expire_if_due(
     return n == 1
 
 
-async def session_count_held(tx: Tx, namespace_id: bytes, session_id: bytes) -> int:
-    """OFFERED + RUNNING attempts bound to the session."""
-    value = await tx.fetchval(
-        Q.session_count_held, {"namespace_id": namespace_id, "session_id": session_id}
-    )
-    return int(value or 0)
-
-
 async def session_lock_offer_skip_locked(
     tx: Tx, namespace_id: bytes, session_ids: Sequence[bytes]
 ) -> list[Row]:
