@@ -69,6 +69,15 @@ class HandOutBudget:
         """May another delivery still be handed out?"""
         return self.taken < self.limit and self._ask < len(self.asks)
 
+    @property
+    def bytes_left(self) -> int:
+        """Most bytes the deliveries still to come may carry (the current ask's rest and every
+        later ask's budget): how far a scan needs to size events."""
+        if not self.open:
+            return 0
+        rest = sum(a.max_bytes for a in self.asks[self._ask + 1 :] if a.want > 0)
+        return max(0, self.asks[self._ask].max_bytes - self._bytes) + rest
+
     def take(self, size: int) -> bool:
         """Hand out a delivery whose event carries ``size`` bytes of stored JSON? False once
         the budget is closed (no more room, every ask full or at its byte budget); after a

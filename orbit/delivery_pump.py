@@ -221,8 +221,9 @@ async def _hand_out_range(
 ) -> tuple[list[Leased], bool]:
     """New matching events after the cursor, within the budget, as ONE range row; the cursor
     moves past every event considered (matched or not), never past one left for later. The
-    events are scanned without their results (sizes only), and only the ones handed out are
-    read. Returns (hand-outs, events left after the cursor)."""
+    events are scanned without their results (sizes only, and no further than the bytes the
+    budget has left), and only the ones handed out are read. Returns (hand-outs, events left
+    after the cursor)."""
     flt = compile_filter(sub)
     selective = any(v is not None for v in (flt.queues, flt.kinds, flt.states, flt.owner_id))
     batch = SCAN_BATCH if selective else budget.limit - budget.taken
@@ -230,14 +231,16 @@ async def _hand_out_range(
     matched: list[ResultEvent] = []
     behind = False
     for _ in range(SCAN_ROUNDS):
-        rows = await store.delivery_event_scan_after(tx, sub.namespace_id, position, batch)
+        reach = budget.bytes_left
+        rows = await store.delivery_event_scan_after(tx, sub.namespace_id, position, batch, reach)
+        cut = bool(rows) and int(rows[-1]["walk_bytes"] or 0) >= reach  # sized up to reach
         full = False
         for row in rows:
             ev = result_event_from_row(row)
             if ev.seq != position + 1:  # ruled out by orbit.events' locking: only a guard
                 log.warning("result stream gap in namespace %s after seq %d",
                             id_hex(sub.namespace_id), position)  # fmt: skip
-                rows = []
+                rows, cut = [], False
                 break
             if flt.matches(ev):
                 if not budget.take(int(row["page_bytes"] or 0)):
@@ -248,7 +251,7 @@ async def _hand_out_range(
         if full or not budget.open:
             behind = True  # maybe more: the caller asks again (a probe says if not)
             break
-        if len(rows) < batch:
+        if len(rows) < batch and not cut:
             break
     else:
         behind = True  # SCAN_ROUNDS full batches read: maybe more

@@ -173,15 +173,29 @@ WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 
 -- name: delivery_event_scan_after
 -- Result events after a subscription's cursor without their result and error, with the bytes
--- of both: the hand-out filters them and stops at its byte budget, then reads only the chosen
--- events (delivery_event_list_by_seq). Immutable rows, plain read.
-SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state,
-  NULL AS result, NULL AS error, attempts, finished_at, created_at,
-  COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0) AS page_bytes
-FROM orbit_result_events
-WHERE namespace_id = %(namespace_id)s AND seq > %(after_seq)s
-ORDER BY seq
-LIMIT %(limit)s
+-- of both (page_bytes) and the running total from the first (walk_bytes): the hand-out filters
+-- them and stops at its byte budget, then reads only the chosen events
+-- (delivery_event_list_by_seq). The walk follows the gap-free seqs one primary-key step at a
+-- time and stops at the first event that brings the total to max_bytes, so the server sizes
+-- (reads) one budget of large results, not limit of them. Immutable rows, plain read.
+WITH RECURSIVE walk (seq, page_bytes, walk_bytes, n) AS (
+  SELECT seq, COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0),
+    COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0), 1
+  FROM orbit_result_events
+  WHERE namespace_id = %(namespace_id)s AND seq = %(after_seq)s + 1
+  UNION ALL
+  SELECT e.seq, COALESCE(LENGTH(e.result), 0) + COALESCE(LENGTH(e.error), 0),
+    w.walk_bytes + COALESCE(LENGTH(e.result), 0) + COALESCE(LENGTH(e.error), 0), w.n + 1
+  FROM walk w
+  JOIN orbit_result_events e ON e.namespace_id = %(namespace_id)s AND e.seq = w.seq + 1
+  WHERE w.walk_bytes < %(max_bytes)s AND w.n < %(limit)s
+)
+SELECT r.namespace_id, r.seq, r.event_id, r.type, r.task_id, r.queue, r.kind, r.owner_id,
+  r.state, NULL AS result, NULL AS error, r.attempts, r.finished_at, r.created_at,
+  walk.page_bytes, walk.walk_bytes
+FROM walk
+JOIN orbit_result_events r ON r.namespace_id = %(namespace_id)s AND r.seq = walk.seq
+ORDER BY r.seq
 
 -- name: delivery_lease_probe_many
 -- The non-locking probe before a hand-out (orbit.delivery_pump.lease), for one or many

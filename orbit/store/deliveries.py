@@ -340,11 +340,14 @@ async def delivery_event_sizes_by_seq(
 
 
 async def delivery_event_scan_after(
-    tx: Tx, namespace_id: bytes, after_seq: int, limit: int
+    tx: Tx, namespace_id: bytes, after_seq: int, limit: int, max_bytes: int
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` result event rows with ``seq > after_seq`` in sequence order, their
-    ``result`` and ``error`` None and their bytes in ``page_bytes``."""
-    args = {"namespace_id": namespace_id, "after_seq": after_seq, "limit": limit}
+    ``result`` and ``error`` None, their bytes in ``page_bytes`` and the running total in
+    ``walk_bytes``; the rows end at the first whose total reaches ``max_bytes`` (or at a gap
+    in the seqs)."""
+    args = {"namespace_id": namespace_id, "after_seq": after_seq, "limit": limit,
+            "max_bytes": max_bytes}  # fmt: skip
     return await tx.fetchall(Q.delivery_event_scan_after, args)
 
 

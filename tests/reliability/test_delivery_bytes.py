@@ -134,6 +134,22 @@ async def test_redeliveries_are_bounded_and_the_rest_stay_pending(db: Database) 
     assert [r.seq for r in history] == seqs
 
 
+async def test_a_filter_passes_over_large_events_it_does_not_select(db: Database) -> None:
+    t = await make_tenant(db)
+    for _ in range(2):  # 6 MiB of results the subscription does not select, then 5 it does
+        await append_results(db, t.namespace_id, 10, queue="other", result=BIG)
+    wanted = await append_results(db, t.namespace_id, 5, queue="q")
+    sub_id = await _sub(db, t, filter={"queues": ["q"]})
+    got: list[deliveries.Leased] = []
+    for _ in range(10):
+        batch = await delivery_pump.lease(db, t.namespace_id, sub_id, 500)
+        got += batch.deliveries
+        if not batch.behind:
+            break
+    assert [d.seq for d in got] == wanted
+    assert (await _backlog(db, t)).unscanned_events == 0
+
+
 async def test_asks_of_one_round_each_get_their_own_budget(db: Database) -> None:
     t = await make_tenant(db)
     seqs = await _big_events(db, t)
