@@ -137,10 +137,10 @@ def query_int(
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be an integer", field=name) from None
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not (digits.isascii() and digits.isdigit()):  # int() would take " 1", "+1", "1_0", "١"
+        raise InvalidRequest(f"{name} must be an integer", field=name)
+    value = int(raw)
     if value < minimum:
         raise InvalidRequest(f"{name} must be >= {minimum}", field=name)
     if value > maximum:
