@@ -37,7 +37,7 @@ from orbit.store import retention as retention_store
 from orbit.store import subscriptions as store
 from orbit.store.subscriptions import SubscriptionRow
 from orbit.times import format_time
-from orbit.types import check_name
+from orbit.types import NAME_JSON_SCHEMA, IdText, check_name
 
 MANAGE = "subscriptions.manage"
 CONSUME = "subscriptions.consume"
@@ -57,6 +57,15 @@ MAX_FILTER_VALUES = 100
 _JSON = msgspec.json.Encoder(order="sorted")
 
 FilterText = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+# What validate_filter checks, stated for the OpenAPI document (the decoder ignores these).
+_LIST_DOC = msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_FILTER_VALUES})
+_NAME_DOC = msgspec.Meta(extra_json_schema=NAME_JSON_SCHEMA)
+_STATE_DOC = msgspec.Meta(extra_json_schema={"enum": list(RESULT_EVENT_TYPES)})
+
+
+def _range(low: int, high: int) -> msgspec.Meta:
+    """The bounds :func:`_bounded` checks, for the OpenAPI document."""
+    return msgspec.Meta(extra_json_schema={"minimum": low, "maximum": high})
 
 
 class SubscriptionFilter(
@@ -65,10 +74,10 @@ class SubscriptionFilter(
     """Which result events a subscription selects. Absent (or null) means "any"; every
     present field must match (AND), and a list matches any of its values (OR)."""
 
-    queues: list[FilterText] | None = None
-    kinds: list[FilterText] | None = None
-    states: list[str] | None = None
-    owner_id: str | None = None
+    queues: Annotated[list[Annotated[FilterText, _NAME_DOC]], _LIST_DOC] | None = None
+    kinds: Annotated[list[FilterText], _LIST_DOC] | None = None
+    states: Annotated[list[Annotated[str, _STATE_DOC]], _LIST_DOC] | None = None
+    owner_id: IdText | None = None
 
 
 #: Largest sequence number a request may name (the signed 64-bit range; stored unsigned).
@@ -90,9 +99,13 @@ class SubscriptionPut(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     filter: SubscriptionFilter | msgspec.UnsetType = msgspec.UNSET
     start: StartSpec | msgspec.UnsetType = msgspec.UNSET
-    ack_timeout_ms: int | msgspec.UnsetType = msgspec.UNSET
-    max_deliveries: int | msgspec.UnsetType = msgspec.UNSET
-    max_in_flight: int | msgspec.UnsetType = msgspec.UNSET
+    ack_timeout_ms: (
+        Annotated[int, _range(MIN_ACK_TIMEOUT_MS, MAX_ACK_TIMEOUT_MS)] | msgspec.UnsetType
+    ) = msgspec.UNSET
+    max_deliveries: Annotated[int, _range(1, MAX_MAX_DELIVERIES)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+    max_in_flight: Annotated[int, _range(1, MAX_MAX_IN_FLIGHT)] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Backlog(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,6 +10,7 @@ from typing import Annotated
 import msgspec
 
 from orbit.errors import InvalidRequest
+from orbit.times import Time
 
 #: The namespace id used for rows that belong to no namespace (application-level admin
 #: operations in ``orbit_idempotency_keys`` and ``orbit_audit_events``).
@@ -148,6 +149,13 @@ class AuthRow(msgspec.Struct, frozen=True, kw_only=True):
 # ---------------------------------------------------------------------------------------------
 
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, min_length=1, max_length=63)]
+#: A name a service checks itself (:func:`check_name`, 400 naming the field): plain text to
+#: the decoder, the name pattern in the OpenAPI document.
+NAME_JSON_SCHEMA: dict[str, object] = msgspec.json.schema(Name)
+NameText = Annotated[str, msgspec.Meta(extra_json_schema=NAME_JSON_SCHEMA)]
+#: An id a service checks itself (:func:`orbit.ids.parse_id`): 32 lowercase hex characters.
+ID_JSON_SCHEMA: dict[str, object] = {"pattern": "^[0-9a-f]{32}$"}
+IdText = Annotated[str, msgspec.Meta(extra_json_schema=ID_JSON_SCHEMA)]
 Limit = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 
 
@@ -172,10 +180,22 @@ class CredentialCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """
 
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    namespaces: list[str]
-    actions: list[str]
+    #: Checked by the credential service: names of the application's namespaces, or ``["*"]``.
+    namespaces: Annotated[
+        list[
+            Annotated[
+                str, msgspec.Meta(extra_json_schema={"anyOf": [NAME_JSON_SCHEMA, {"const": "*"}]})
+            ]
+        ],
+        msgspec.Meta(extra_json_schema={"minItems": 1}),
+    ]
+    #: Checked by the credential service (400 naming ``actions[i]``); the schema lists them.
+    actions: Annotated[
+        list[Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ALL_ACTIONS)})]],
+        msgspec.Meta(extra_json_schema={"minItems": 1}),
+    ]
     queues: list[Name] | None = None
-    expires_at: str | None = None
+    expires_at: Time | None = None
     global_admin: bool = False
 
 

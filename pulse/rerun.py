@@ -36,7 +36,8 @@ from orbit.errors import Conflict, InvalidRequest
 from orbit.ids import id_hex, new_id, parse_id
 from orbit.storage import Database, Tx
 from orbit.store.clock import clock_now
-from orbit.times import format_time, parse_time
+from orbit.times import Time, format_time, parse_time
+from orbit.types import IdText
 from pulse import transitions
 from pulse.errors import QueueQuotaExceeded, TaskNotFound, TaskStateConflict
 from pulse.store import attempts as attempt_store
@@ -82,10 +83,10 @@ class RerunBulk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     states: list[Literal["FAILED", "CANCELLED"]] | None = None
     queue: Name | None = None
     kind: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
-    owner_id: str | None = None
+    owner_id: IdText | None = None
     error_type: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
-    finished_after: str | None = None
-    finished_before: str | None = None
+    finished_after: Time | None = None
+    finished_before: Time | None = None
     dry_run: bool = False
 
 

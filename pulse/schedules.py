@@ -36,7 +36,7 @@ from orbit.pagination import decode_cursor, encode_cursor
 from orbit.preconditions import Preconditions
 from orbit.storage import Database, DuplicateKey, Tx
 from orbit.store.clock import clock_now
-from orbit.times import format_opt, format_time, parse_time
+from orbit.times import Time, format_opt, format_time, parse_time
 from pulse.cron import CronError, local_text, make_timing, tzdata_version
 from pulse.errors import PulseError, QueueNotFound
 from pulse.scheduler import DEFAULT_BATCH, advance, load_timeline, render_dedup_key, timing_of
@@ -98,8 +98,8 @@ class SchedulePut(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timezone: Annotated[str, Meta(min_length=1, max_length=64)] = "UTC"
     catchup_window_ms: Ms = DEFAULT_CATCHUP_MS
     grace_ms: Ms = DEFAULT_GRACE_MS
-    start_at: str | None = None
-    end_at: str | None = None
+    start_at: Time | None = None
+    end_at: Time | None = None
     overlap: Overlap = "allow"
 
 

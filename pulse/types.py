@@ -13,7 +13,8 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from orbit.types import NAME_PATTERN
+from orbit.times import Time
+from orbit.types import NAME_PATTERN, IdText
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 UInt32 = Annotated[int, Meta(ge=0, le=4_294_967_295)]
@@ -87,8 +88,8 @@ class TaskSubmit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     payload: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
     priority: Annotated[int, Meta(ge=0, le=9)] = 0
     delay_ms: Annotated[int, Meta(ge=0, le=10 * 365 * 86_400_000)] | None = None
-    available_at: str | None = None
-    deadline_at: str | None = None
+    available_at: Time | None = None
+    deadline_at: Time | None = None
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     retry_safe: bool = False
     concurrency_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
@@ -110,7 +111,7 @@ class CancelBulk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``POST /v1/namespaces/{ns}/tasks:cancel``: every filter is optional (none = all tasks
     of the namespace)."""
 
-    owner_id: str | None = None
+    owner_id: IdText | None = None
     queue: Name | None = None
     kind: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
 

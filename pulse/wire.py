@@ -20,6 +20,7 @@ import msgspec
 
 from orbit.ids import id_hex
 from orbit.times import format_opt, format_time
+from orbit.types import ID_JSON_SCHEMA, NameText
 
 NULL = msgspec.Raw(b"null")
 
@@ -244,7 +245,8 @@ def encode(frame: ServerFrame | PollReply | SessionCreated | SessionClosed) -> b
 
 
 class InstanceInfo(msgspec.Struct, kw_only=True):
-    id: Hex32 | None = None
+    #: 32 lowercase hex, checked by the session service.
+    id: Annotated[Hex32, msgspec.Meta(extra_json_schema=ID_JSON_SCHEMA)] | None = None
     host: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
     pid: Annotated[int, msgspec.Meta(ge=0, le=4294967295)]
     sdk: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
@@ -254,7 +256,8 @@ class SessionCreate(msgspec.Struct, kw_only=True):
     """``POST /v1/namespaces/{ns}/workers/sessions``."""
 
     instance: InstanceInfo
-    queues: Annotated[list[str], msgspec.Meta(min_length=1, max_length=64)]
+    #: Each a queue name (checked by the session service, 400 naming ``queues[i]``).
+    queues: Annotated[list[NameText], msgspec.Meta(min_length=1, max_length=64)]
     max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=10000)]
     concurrency_keys: bool = False
 

@@ -15,6 +15,7 @@ from orbit.http.auth import authorize
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.pagination import parse_limit
+from orbit.times import Time
 from orbit.types import Action
 
 ADMIN = Action.ADMIN.value
@@ -24,10 +25,11 @@ ADMIN = Action.ADMIN.value
     "Audit events of the namespace, newest first (who did what, with which outcome)",
     errors=[400, 403, 404], action=ADMIN, tags=["admin"],
     query=(
-        QueryParam("outcome", str, "ok, denied, conflict or error"),
+        QueryParam("outcome", str, "ok, denied, conflict or error",
+                   enum=tuple(o.value for o in audit.Outcome)),
         QueryParam("action", str, "an action name, e.g. tasks.cancel"),
-        QueryParam("since", str, "RFC 3339, inclusive"),
-        QueryParam("until", str, "RFC 3339, exclusive"),
+        QueryParam("since", Time, "RFC 3339, inclusive"),
+        QueryParam("until", Time, "RFC 3339, exclusive (after since)"),
         QueryParam("limit", int, "page size, 1-500 (default 50)"),
         QueryParam("cursor", str, "next_cursor of the previous page"),
     ),

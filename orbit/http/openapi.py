@@ -10,6 +10,23 @@ The generator walks the app's routes (including mounted routers), takes path par
 from the route templates, and builds component schemas with
 ``msgspec.json.schema_components``. Routes without the decorator still appear, with a
 generic description, so the document always lists every path.
+
+The document states the constraints the server enforces, taken from the same definitions
+the validators use, so they cannot drift apart:
+
+* request bodies: the msgspec Structs the handlers decode into (their ``Meta`` bounds,
+  patterns and ``extra_json_schema``), with ``additionalProperties: false``;
+* path parameters: names (``ns``, ``queue``, ``name``, ``signal``) carry the name pattern
+  of :data:`orbit.types.Name`; ids stay plain strings (a malformed id is a 404);
+* query parameters: ``limit`` is 1..:data:`orbit.pagination.MAX_LIMIT` unless the route
+  gives its own type, other integers 0..2^63 - 1 (:func:`orbit.http.body.query_int`),
+  ``enum`` lists the accepted values, and a :class:`QueryParam` type may be any type msgspec
+  describes (e.g. :data:`orbit.times.Time`);
+* statuses: every status an operation can answer, including the body rules of the
+  middleware (408, 413, 415), 400 wherever input is validated, 404 on every path with a
+  parameter and 503 ``not_ready`` on every operation that needs the database.
+
+tests/reliability/test_openapi_conformance.py checks the document against a real server.
 """
 
 from __future__ import annotations
@@ -21,7 +38,11 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 
+from orbit.http.body import MAX_QUERY_INT
 from orbit.http.errors import ErrorBody
+from orbit.idempotency import MAX_KEY_LENGTH
+from orbit.pagination import MAX_LIMIT
+from orbit.types import Name
 
 F = TypeVar("F", bound=Callable[..., Any])
 ATTR = "__orbit_api__"
@@ -34,15 +55,25 @@ _STATUS_TEXT = {
     422: "Idempotency mismatch", 429: "Quota exceeded / rate limited", 503: "Not ready",
 }  # fmt: skip
 
+#: Path parameters that are names (docs/api/conventions.md#names): a name that breaks the
+#: pattern is a 400 naming it.
+#: ``Idempotency-Key``: 1-128 printable ASCII characters (:func:`orbit.idempotency.validate_key`).
+IDEMPOTENCY_KEY_PATTERN = f"^[ -~]{{1,{MAX_KEY_LENGTH}}}$"
+NAME_PARAMETERS = frozenset({"ns", "queue", "name", "signal"})
+_NAME_SCHEMA: dict[str, Any] = msgspec.json.schema(Name)
+
 
 @dataclass(frozen=True)
 class QueryParam:
     """A documented query parameter."""
 
     name: str
-    type: type = str
+    #: ``int``, ``str`` or any type msgspec can describe (``Annotated`` bounds, ``Literal``).
+    type: Any = str
     description: str = ""
     required: bool = False
+    #: The accepted values, when the parameter takes one of a fixed set.
+    enum: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,7 +136,34 @@ def _path_params(path: str) -> list[dict[str, Any]]:
     out = []
     for part in path.split("{")[1:]:
         name = part.split("}")[0].split(":")[0]
-        out.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+        schema = dict(_NAME_SCHEMA) if name in NAME_PARAMETERS else {"type": "string"}
+        out.append({"name": name, "in": "path", "required": True, "schema": schema})
+    return out
+
+
+def _query_param(q: QueryParam) -> dict[str, Any]:
+    """The OpenAPI parameter of ``q``: integers are bounded as the parsers bound them
+    (:func:`orbit.pagination.parse_limit`, :func:`orbit.http.body.query_int`), and an empty
+    integer (``?limit=``) is taken as absent."""
+    schema: dict[str, Any]
+    if q.type is int:
+        low, high = (1, MAX_LIMIT) if q.name == "limit" else (0, MAX_QUERY_INT)
+        schema = {"type": "integer", "minimum": low, "maximum": high}
+    elif q.type is str:
+        schema = {"type": "string"}
+    else:
+        try:
+            schema = msgspec.json.schema(q.type)
+        except (TypeError, ValueError):
+            schema = {"type": "string"}
+    if q.enum:
+        schema = {"type": "string", "enum": list(q.enum)}
+    out: dict[str, Any] = {
+        "name": q.name, "in": "query", "required": q.required, "description": q.description,
+        "schema": schema,
+    }  # fmt: skip
+    if schema.get("type") == "integer" and not q.required:
+        out["allowEmptyValue"] = True
     return out
 
 
@@ -183,15 +241,11 @@ def openapi_document(
             if doc.open:
                 op["security"] = []
             for q in doc.query:
-                op["parameters"].append({
-                    "name": q.name, "in": "query", "required": q.required,
-                    "description": q.description,
-                    "schema": {"type": "integer" if q.type is int else "string"},
-                })  # fmt: skip
+                op["parameters"].append(_query_param(q))
             if doc.idempotent:
                 op["parameters"].append({
                     "name": "Idempotency-Key", "in": "header", "required": False,
-                    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                    "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
                 })  # fmt: skip
             if doc.etag:
                 for h in ("If-Match", "If-None-Match"):
@@ -209,11 +263,16 @@ def openapi_document(
                 if t is not None:
                     entry["content"] = {"application/json": {"schema": ref[t]}}
                 responses[str(status)] = entry
-            error_codes = set(doc.errors) | ({400} if doc.body is not None else set())
+            error_codes = set(doc.errors)
+            validated = doc.body is not None or doc.query or doc.idempotent
+            if validated or any(p["name"] in NAME_PARAMETERS for p in op["parameters"]):
+                error_codes.add(400)
             if method in ("post", "put", "patch"):  # the middleware's body rules
                 error_codes |= {408, 413, 415}
-            if not doc.open:
-                error_codes |= {401, 403}
+            if not doc.open:  # the key is checked against the database
+                error_codes |= {401, 403, 503}
+            if any(p["in"] == "path" for p in op["parameters"]):  # absent or not visible
+                error_codes.add(404)
             for status in sorted(error_codes):
                 responses[str(status)] = {
                     "description": _STATUS_TEXT.get(status, "Error"),

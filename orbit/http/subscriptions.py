@@ -75,11 +75,23 @@ class ProofBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class NackBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     proof: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-    retry_after_ms: int | None = None
+    #: 0..MAX_RETRY_AFTER_MS, checked by the nack (the bounds are stated for the document).
+    retry_after_ms: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                extra_json_schema={"minimum": 0, "maximum": deliveries.MAX_RETRY_AFTER_MS}
+            ),
+        ]
+        | None
+    ) = None
 
 
 class BudgetBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    add: int
+    #: 1..MAX_BUDGET_ADD, checked by the budget service (the bounds are stated for the document).
+    add: Annotated[
+        int, msgspec.Meta(extra_json_schema={"minimum": 1, "maximum": deliveries.MAX_BUDGET_ADD})
+    ]
 
 
 class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):

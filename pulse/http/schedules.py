@@ -159,7 +159,7 @@ async def resume_schedule(request: Request) -> Response:
     query=(
         QueryParam("limit", int, "page size, 1-500 (default 50)"),
         QueryParam("cursor", str, "next_cursor of the previous page"),
-        QueryParam("outcome", str, "created or skipped"),
+        QueryParam("outcome", str, "created or skipped", enum=service.OUTCOMES),
     ),
 )  # fmt: skip
 async def list_occurrences(request: Request) -> Response:

@@ -36,14 +36,14 @@ from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.list_bytes import list_bytes_of
 from orbit.metrics import conflicts
 from orbit.pagination import parse_limit
-from orbit.types import Action
+from orbit.types import Action, IdText
 from pulse import submit, tasks
 from pulse.batcher import SubmitBatches
 from pulse.errors import TaskNotFound
 from pulse.hub import Hub, Notifier
 from pulse.runtime import installed_hub
 from pulse.tasks import call_hub
-from pulse.types import BatchSubmit, CancelBulk, Resolve, TaskListFilters, TaskSubmit
+from pulse.types import BatchSubmit, CancelBulk, Resolve, TaskListFilters, TaskState, TaskSubmit
 
 TAGS = ["tasks"]
 
@@ -161,14 +161,16 @@ async def get_task(request: Request) -> Response:
     action=Action.TASKS_READ.value, tags=TAGS,
     query=(
         QueryParam("queue", str, "queue name"),
-        QueryParam("state", str, "WAITING, LEASED, RUNNING, SUCCEEDED, FAILED, CANCELLED, NEEDS_REVIEW"),
+        QueryParam("state", str, "WAITING, LEASED, RUNNING, SUCCEEDED, FAILED, CANCELLED, NEEDS_REVIEW",
+                   enum=tuple(s.value for s in TaskState)),
         QueryParam("kind", str, "task kind"),
-        QueryParam("owner_id", str, "owning application id (32 hex)"),
+        QueryParam("owner_id", IdText, "owning application id (32 hex)"),
         QueryParam("dedup_key", str, "dedup key"),
         QueryParam(
             "stuck", str,
             "true (or 1): only tasks the stuck-work watchdog surfaced in their current state; "
             "false (or 0): only the others",
+            enum=("true", "1", "false", "0"),
         ),
         QueryParam("limit", int, "page size, 1-500 (default 50)"),
         QueryParam("cursor", str, "next_cursor of the previous page (same filters)"),

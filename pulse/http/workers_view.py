@@ -37,7 +37,8 @@ TAGS = ["workers"]
     "capacity, in-flight attempts, heartbeat age and node",
     errors=[400, 403, 404], action=READ, tags=TAGS,
     query=(
-        QueryParam("state", str, "ACTIVE (default), CLOSED, EXPIRED or any"),
+        QueryParam("state", str, "ACTIVE (default), CLOSED, EXPIRED or any",
+                   enum=(*service.STATES, "any")),
         QueryParam("queue", str, "only sessions that take work from this queue"),
         QueryParam("limit", int, "page size, 1-500 (default 50)"),
         QueryParam("cursor", str, "next_cursor of the previous page"),

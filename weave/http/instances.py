@@ -45,6 +45,8 @@ MANAGE = Action.WORKFLOWS_MANAGE.value
 SIGNAL = Action.WORKFLOWS_SIGNAL.value
 READ = Action.TASKS_READ.value
 STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+#: Most entries of one page of an instance's history.
+HISTORY_MAX_LIMIT = 5000
 
 
 class CancelBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -117,7 +119,8 @@ async def get_instance(request: Request) -> Response:
 @api(
     "Read an instance's history: steps, activations and waits in order, transitions, signals",
     responses={200: HistoryOut}, errors=[400, 404], action=f"{MANAGE} | {READ}",
-    query=(QueryParam("limit", int, "entries per page, 1-5000 (default 500)"),
+    query=(QueryParam("limit", Annotated[int, Meta(ge=1, le=HISTORY_MAX_LIMIT)],
+                      "entries per page, 1-5000 (default 500)"),
            QueryParam("cursor", str, "next_cursor of the previous page")),
     tags=TAGS,
 )  # fmt: skip
@@ -125,7 +128,7 @@ async def get_history(request: Request) -> Response:
     principal = await _authorize_read(request)
     await _check_visible(request, principal)
     instance_id = request.path_params["id"]
-    limit = parse_limit(request.query_params.get("limit"), default=500, maximum=5000)
+    limit = parse_limit(request.query_params.get("limit"), default=500, maximum=HISTORY_MAX_LIMIT)
     position = decode_cursor(request.query_params.get("cursor"), {"instance": instance_id})
     after = position.get("after_seq", 0) if position else 0
     out = await instances.get_history(
@@ -138,7 +141,7 @@ async def get_history(request: Request) -> Response:
 @api(
     "List instances, newest first (filters: workflow, state)",
     responses={200: InstancePage}, errors=[400, 404], action=f"{MANAGE} | {READ}",
-    query=(QueryParam("workflow", str, "workflow name"), QueryParam("state", str, "RUNNING, ..."),
+    query=(QueryParam("workflow", str, "workflow name"), QueryParam("state", str, ", ".join(STATES), enum=STATES),
            QueryParam("limit", int, "page size, 1-500"), QueryParam("cursor", str, "")),
     tags=TAGS,
 )  # fmt: skip
