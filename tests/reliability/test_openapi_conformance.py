@@ -53,6 +53,7 @@ SEMANTIC_FIELDS: dict[str, tuple[str, ...]] = {
     "from": ("",),  # a backfill window: `from` before `to`, at most 1,000 fire times
     "to": ("",),
     "until": ("after since",),
+    "end_at": ("after start_at",),
     "finished_before": ("after finished_after",),
     "audit_days": ("events_days",),
     "retry": ("at least backoff_initial_ms",),
