@@ -12,6 +12,11 @@
 * Body deadline: the whole body must arrive within ``settings.body_timeout_s`` of the start
   of the request, else RequestTimeout (408) and the connection closes. A client that goes
   away mid-body is logged at info level and counted with status 499, not as an error.
+* Fair share: with the body checks passed, the request takes a slot of the node's HTTP
+  request share for its (provisional) tenant before anything else is done
+  (orbit/request_share.py); over its share it waits in its tenant's queue, and a full queue
+  or a wait past the limit answers 429 ``rate_limited`` with ``Retry-After`` (details
+  ``reason: request_share``) before the body is read or the key checked.
 * Metrics: ``orbit_http_requests_total{route,method,status}`` and
   ``orbit_http_request_duration_seconds{route}``, labelled by the route *template* (bounded
   cardinality); unmatched paths are labelled ``<unmatched>``.
@@ -35,6 +40,8 @@ from orbit.http.errors import error_bytes
 from orbit.http.tenancy import enter_provisional
 from orbit.ids import id_hex, new_id
 from orbit.metrics import HTTP_DURATION, HTTP_REQUESTS
+from orbit.request_share import QueueFull, RequestShare, request_share_of
+from orbit.storage.fairness import current_tenant
 
 log = logging.getLogger("orbit.http")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
@@ -154,7 +161,14 @@ class RequestContextMiddleware:
                     error_bytes("unsupported_media_type", "request bodies are JSON: send Content-Type: application/json", {"content_type": content_type[:100]}),
                 )  # fmt: skip
                 return
-            await self.app(scope, receive_wrapper, send_wrapper)
+            share = request_share_of(self.ctx.extras)
+            tenant = current_tenant.get()
+            if share is None:
+                await self.app(scope, receive_wrapper, send_wrapper)
+            elif await _take_slot(share, tenant):
+                await _in_slot(share, tenant, self.app(scope, receive_wrapper, send_wrapper))
+            else:
+                await _send_json(send_wrapper, 429, _SHARE_REFUSAL, retry_after=True)
         except ClientDisconnect:
             log.info("client went away before its request %s %s was read (request id %s)",
                      scope.get("method"), scope.get("path"), rid)  # fmt: skip
@@ -177,10 +191,60 @@ class RequestContextMiddleware:
             self.duration.observe(time.perf_counter() - started, route=route)
 
 
-async def _send_json(send: Send, status: int, body: bytes) -> None:
+_SHARE_REFUSAL = error_bytes(
+    "rate_limited",
+    "this application has more requests in progress on this node than its fair share: "
+    "retry after Retry-After or send fewer requests at once",
+    {"reason": "request_share"},
+)
+
+
+async def _take_slot(share: RequestShare, tenant: Any) -> bool:
+    """Take a slot of the node's request share for ``tenant``, waiting in its queue if it is
+    over its share; False when it may not (queue full, or no slot in time)."""
+    if share.try_enter(tenant):
+        return True
+    try:
+        future = share.enqueue(tenant)
+    except QueueFull:
+        return False
+    try:
+        await asyncio.wait_for(asyncio.shield(future), share.settings.wait_s)
+    except TimeoutError:
+        share.cancel(tenant, future)
+        share.refused += 1
+        return False
+    except BaseException:
+        share.cancel(tenant, future)
+        raise
+    return True
+
+
+async def _in_slot(share: RequestShare, tenant: Any, work: Any) -> None:
+    """Run ``work`` holding the slot taken for ``tenant``: given back when it ends, or after
+    ``hold_s`` if it lasts longer (long polls, slow clients)."""
+    held = True
+
+    def give_back() -> None:
+        nonlocal held
+        if held:
+            held = False
+            share.release(tenant)
+
+    timer = asyncio.get_running_loop().call_later(share.settings.hold_s, give_back)
+    try:
+        await work
+    finally:
+        timer.cancel()
+        give_back()
+
+
+async def _send_json(send: Send, status: int, body: bytes, *, retry_after: bool = False) -> None:
     headers: list[Any] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

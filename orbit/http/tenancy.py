@@ -2,9 +2,10 @@
 by tenant).
 
 A request starts as the tenant its bearer token *probably* belongs to: the application this
-node last saw authenticate with the same API key (by credential id) or the same session
-token's namespace, else "unknown" — all requests with a token this node has not seen
-authenticate share one bucket, so a flood of bad or new tokens competes with itself. Once
+node last saw authenticate with the very same API key or session token (remembered by a
+digest of the whole token, so a made-up token that copies another's prefix is not taken for
+it), else "unknown" — all requests with a token this node has not seen authenticate share
+one bucket, so a flood of bad or new tokens competes with itself. Once
 the key or session token is verified, the request works for its application
 (:func:`enter_application`), and the hint is remembered for the next request. The hints are
 only hints (bounded memory, node-local); authorization never relies on them.
@@ -12,6 +13,7 @@ only hints (bounded memory, node-local); authorization never relies on them.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from typing import Any
 
@@ -21,7 +23,7 @@ from orbit.storage.fairness import enter_tenant
 
 #: The tenant of requests whose token this node has not seen authenticate.
 UNKNOWN = ("unknown",)
-#: Token ids (credential id or session namespace, hex) remembered at most.
+#: Token digests remembered at most.
 MAX_HINTS = 100_000
 _HINTS_KEY = "orbit.tenancy.hints"
 
@@ -31,12 +33,13 @@ def application_tenant(application_id: bytes) -> tuple[str, bytes]:
     return ("app", application_id)
 
 
-def _token_id(token: str) -> str | None:
-    """``orb_<credential id>_…`` or ``pws_<namespace id>_…`` → that id (no check)."""
+def _token_id(token: str) -> bytes | None:
+    """A digest of an ``orb_<credential id>_…`` or ``pws_<namespace id>_…`` token (no check
+    of the token itself); None for anything else."""
     prefix, _, rest = token.partition("_")
     if prefix not in ("orb", "pws") or len(rest) < 33 or rest[32] != "_":
         return None
-    return f"{prefix}:{rest[:32]}"
+    return hashlib.blake2b(token.encode(), digest_size=16).digest()
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -47,7 +50,7 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
-def _hints(extras: dict[str, Any]) -> OrderedDict[str, bytes]:
+def _hints(extras: dict[str, Any]) -> OrderedDict[bytes, bytes]:
     hints = extras.get(_HINTS_KEY)
     if not isinstance(hints, OrderedDict):
         hints = extras[_HINTS_KEY] = OrderedDict()
