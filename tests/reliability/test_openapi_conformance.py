@@ -15,7 +15,9 @@ operation (path parameters pinned to the fuzzing tenant so requests reach valida
   it does not know and takes an empty one as absent: a 2xx to such a request is accepted
   when the request without them gets the same answer.
 
-In both modes every status answered must be one the operation documents. Bounded by
+In both modes every status answered must be one the operation documents, and every answer
+with a documented body (successes and the error body) must match its schema
+(schemathesis's ``response_schema_conformance``). Bounded by
 ``ORBIT_FUZZ_EXAMPLES`` (examples per operation and mode; default 6).
 """
 
@@ -109,13 +111,19 @@ def _root_field(name: str) -> str:
 
 
 def _judge(case: Any, r: Any, positive: bool, documented: set[str], log: Conformance,
-           negative_check: Any, send: Callable[[Any], Any]) -> None:  # fmt: skip
+           negative_check: Any, response_check: Any, send: Callable[[Any], Any]) -> None:  # fmt: skip
     status = r.status_code
     label = f"{case.method.upper()} {case.operation.path}"
     log.add("positive" if positive else "negative", label, status)
     code, fld, message = _error(r)
     if str(status) not in documented and "default" not in documented:
         log.mismatch(f"{label}: answered {status} ({code}: {message}), not documented")
+    try:
+        case.validate_response(r, checks=[response_check])
+    except (Exception, BaseExceptionGroup) as e:  # schemathesis's failure types
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        log.mismatch(f"{label}: answer {status} does not match its schema: "
+                     + " | ".join(lines[1:6])[:500])  # fmt: skip
     if positive:
         refused = status == 400 or (status == 422 and code != "idempotency_mismatch")
         semantic = SEMANTIC_FIELDS.get(_root_field(fld))
@@ -142,7 +150,10 @@ def test_document_matches_server(server: OrbitServer, fuzz_tenant: CliTenant) ->
         "schemathesis", reason="schemathesis is not installed: scripts/install dev"
     )
     from schemathesis import GenerationMode
-    from schemathesis.specs.openapi.checks import negative_data_rejection
+    from schemathesis.specs.openapi.checks import (
+        negative_data_rejection,
+        response_schema_conformance,
+    )
 
     doc = httpx.get(server.url + "/openapi.json").json()
     schema = schemathesis.openapi.from_dict(doc)
@@ -161,7 +172,8 @@ def test_document_matches_server(server: OrbitServer, fuzz_tenant: CliTenant) ->
             if positive and case.body is not None:
                 case.body = _integers_as_integers(case.body)
             r = send(case)
-            _judge(case, r, positive, documented, log, negative_data_rejection, send)
+            _judge(case, r, positive, documented, log, negative_data_rejection,
+                   response_schema_conformance, send)  # fmt: skip
 
         return run
 
