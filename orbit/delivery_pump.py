@@ -221,14 +221,16 @@ async def _hand_out_range(
 ) -> tuple[list[Leased], bool]:
     """New matching events after the cursor, within the budget, as ONE range row; the cursor
     moves past every event considered (matched or not), never past one left for later. The
-    events are scanned without their results (sizes only, and no further than the bytes the
-    budget has left), and only the ones handed out are read. Returns (hand-outs, events left
+    events are scanned with their sizes, no further than the bytes the budget has left and
+    with their results only within those bytes; a chosen event whose result did not come is
+    read with the range write. Returns (hand-outs, events left
     after the cursor)."""
     flt = compile_filter(sub)
     selective = any(v is not None for v in (flt.queues, flt.kinds, flt.states, flt.owner_id))
     batch = SCAN_BATCH if selective else budget.limit - budget.taken
     position = sub.after_seq
     matched: list[ResultEvent] = []
+    later: list[int] = []  # seqs of matched events whose result the scan did not carry
     behind = False
     for _ in range(SCAN_ROUNDS):
         reach = budget.bytes_left
@@ -247,6 +249,8 @@ async def _hand_out_range(
                     full = True
                     break
                 matched.append(ev)
+                if not row["inline"]:
+                    later.append(ev.seq)
             position = ev.seq
         if full or not budget.open:
             behind = True  # maybe more: the caller asks again (a probe says if not)
@@ -281,18 +285,18 @@ async def _hand_out_range(
             "lease_expires_at": lease_end,
             "now": now,
         }]))  # fmt: skip
-    # The range, the new cursor (guarded by its old value) and the chosen events' results:
-    # ONE round trip.
+    # The range, the new cursor (guarded by its old value) and the results the scan did not
+    # carry: ONE round trip.
     *_, advanced, event_rows = await tx.pipeline(
         *writes,
         sub_store.subscription_advance_if_position(
             tx, sub.namespace_id, sub.id, sub.after_seq, position
         ),
-        store.delivery_event_list_by_seq(tx, sub.namespace_id, [ev.seq for ev in matched]),
+        store.delivery_event_list_by_seq(tx, sub.namespace_id, later),
     )
     if not advanced:
         raise Conflict("subscription cursor moved concurrently", kind="handout_position")
-    events = {int(r["seq"]): r for r in event_rows}
+    read = {int(r["seq"]): result_event_from_row(r) for r in event_rows}
     out = [
         Leased(
             delivery_id=did,
@@ -300,7 +304,7 @@ async def _hand_out_range(
             event_id=ev.event_id,
             attempt=1,
             lease_expires_at=lease_end,
-            event=result_event_from_row(events[ev.seq]),
+            event=read.get(ev.seq, ev),
             proof=proof,
         )
         for did, ev, proof in zip(ids, matched, proofs, strict=True)

@@ -172,10 +172,11 @@ FROM orbit_result_events
 WHERE namespace_id = %(namespace_id)s AND seq IN %(seqs)s
 
 -- name: delivery_event_scan_after
--- Result events after a subscription's cursor without their result and error, with the bytes
--- of both (page_bytes) and the running total from the first (walk_bytes): the hand-out filters
--- them and stops at its byte budget, then reads only the chosen events
--- (delivery_event_list_by_seq). The walk follows the gap-free seqs one primary-key step at a
+-- Result events after a subscription's cursor with the bytes of their result and error
+-- (page_bytes) and the running total from the first (walk_bytes); result and error only while
+-- the total is within max_bytes (inline = 1), so what this statement carries is bounded too.
+-- The hand-out filters them and stops at its byte budget, then reads the chosen events that
+-- came without their result (delivery_event_list_by_seq). The walk follows the gap-free seqs one primary-key step at a
 -- time and stops at the first event that brings the total to max_bytes, so the server sizes
 -- (reads) one budget of large results, not limit of them. Immutable rows, plain read.
 WITH RECURSIVE walk (seq, page_bytes, walk_bytes, n) AS (
@@ -191,8 +192,10 @@ WITH RECURSIVE walk (seq, page_bytes, walk_bytes, n) AS (
   WHERE w.walk_bytes < %(max_bytes)s AND w.n < %(limit)s
 )
 SELECT r.namespace_id, r.seq, r.event_id, r.type, r.task_id, r.queue, r.kind, r.owner_id,
-  r.state, NULL AS result, NULL AS error, r.attempts, r.finished_at, r.created_at,
-  walk.page_bytes, walk.walk_bytes
+  r.state, r.attempts, r.finished_at, r.created_at, walk.page_bytes, walk.walk_bytes,
+  IF(walk.walk_bytes <= %(max_bytes)s, r.result, NULL) AS result,
+  IF(walk.walk_bytes <= %(max_bytes)s, r.error, NULL) AS error,
+  walk.walk_bytes <= %(max_bytes)s AS inline
 FROM walk
 JOIN orbit_result_events r ON r.namespace_id = %(namespace_id)s AND r.seq = walk.seq
 ORDER BY r.seq

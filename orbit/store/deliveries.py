@@ -343,9 +343,9 @@ async def delivery_event_scan_after(
     tx: Tx, namespace_id: bytes, after_seq: int, limit: int, max_bytes: int
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` result event rows with ``seq > after_seq`` in sequence order, their
-    ``result`` and ``error`` None, their bytes in ``page_bytes`` and the running total in
-    ``walk_bytes``; the rows end at the first whose total reaches ``max_bytes`` (or at a gap
-    in the seqs)."""
+    bytes in ``page_bytes`` and the running total in ``walk_bytes``; the rows end at the first
+    whose total reaches ``max_bytes`` (or at a gap in the seqs). ``result`` and ``error`` are
+    there only while the total is within ``max_bytes`` (``inline`` true), else None."""
     args = {"namespace_id": namespace_id, "after_seq": after_seq, "limit": limit,
             "max_bytes": max_bytes}  # fmt: skip
     return await tx.fetchall(Q.delivery_event_scan_after, args)
