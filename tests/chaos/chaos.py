@@ -7,7 +7,7 @@ history checker (tests/chaos/history.py) over every client's log and the databas
     python tests/chaos/chaos.py --shared-db           # on the shared MariaDB (no DB restart)
 
 The CI form is tests/chaos/test_chaos.py. **The database is private**: a ``mariadbd`` started
-for the run by :mod:`orbit.devdb` under its own folder, port and socket (never the shared
+for the run by :mod:`orbit_cmd.devdb` under its own folder, port and socket (never the shared
 server at 127.0.0.1:3306, which other test suites use), so it can be restarted mid-run.
 
 Workload: submits with dedup keys (re-submitting some identities) and ``Idempotency-Key``s
@@ -250,7 +250,7 @@ class ChaosHooks:
 
 
 class PrivateDatabase:
-    """A private ``mariadbd`` (orbit.devdb) that the run may stop and start again."""
+    """A private ``mariadbd`` (orbit_cmd.devdb) that the run may stop and start again."""
 
     def __init__(self, root: Path, database: str = "orbit_chaos") -> None:
         self.root = root
@@ -259,7 +259,7 @@ class PrivateDatabase:
         self.restarts = 0
 
     def start(self) -> DSN:
-        from orbit.devdb import start_dev_database
+        from orbit_cmd.devdb import start_dev_database
 
         self.dev = asyncio.run(start_dev_database(self.root, database=self.database, start_timeout=120))
         return self.dev.dsn  # type: ignore[no-any-return]

@@ -1,5 +1,5 @@
 """The bounded chaos run of CI (tests/chaos/chaos.py): 3 server nodes on a **private**
-MariaDB (orbit.devdb, its own folder/port/socket — never the shared server), 3 SDK worker
+MariaDB (orbit_cmd.devdb, its own folder/port/socket — never the shared server), 3 SDK worker
 processes, a producer, a workflow driver, an inbox subscriber and a never-acking one, an
 ``every_ms`` schedule; 30 s of faults, longer until each kind happened once (SIGKILL of workers,
 nodes and the subscriber, KILL CONNECTION, SIGSTOP/SIGCONT of a worker past its lease, a
@@ -31,7 +31,7 @@ KINDS = ("sigkill_worker", "sigkill_node", "kill_db_connection", "sigstop_worker
 
 
 def _run(tmp_path: Path, seconds: float, seed: int | None) -> ChaosResult:
-    from orbit.devdb import DevDatabaseError, find_server_binaries
+    from orbit_cmd.devdb import DevDatabaseError, find_server_binaries
 
     try:
         find_server_binaries()

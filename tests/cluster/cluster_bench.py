@@ -2,7 +2,7 @@
 WebSocket → a subscriber) on a private 3-node Galera cluster, as ratios to a single server
 measured in the same run:
 
-* ``single``: one ``orbit-server`` on one plain private MariaDB (orbit.devdb: durable
+* ``single``: one ``orbit-server`` on one plain private MariaDB (orbit_cmd.devdb: durable
   commits, no binary log) — the reference.
 * ``galera_one``: one ``orbit-server`` on node 0 of the cluster; the other two nodes only
   apply its write sets (every commit still waits for the group).
@@ -150,7 +150,7 @@ async def _leg(name: str, dsns: list[str], seconds: float, work: Path, galera: G
 
 
 async def run(seconds: float, work: Path) -> dict[str, Any]:
-    from orbit.devdb import start_dev_database
+    from orbit_cmd.devdb import start_dev_database
 
     out: dict[str, Any] = {"seconds": seconds, "legs": {}}
     root = Path(tempfile.mkdtemp(prefix="orbit-cluster-bench-"))

@@ -1,4 +1,4 @@
-"""orbit.devdb: the private dev database of ``orbit-server --dev``, with real mariadbd processes.
+"""orbit_cmd.devdb: the private dev database of ``orbit-server --dev``, with real mariadbd processes.
 
 Each test gets its own data folder under tmp_path and a DSN on a port where nothing listens,
 so ensure_dev_database must start its own server. The fixture stops every server it started.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from orbit.devdb import (
+from orbit_cmd.devdb import (
     DevDatabase,
     DevDatabaseError,
     ServerBinaries,

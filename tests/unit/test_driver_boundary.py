@@ -1,6 +1,6 @@
 """Driver exceptions stop at the storage boundary: only ``orbit/storage`` (the pool and the
-translation of errors), ``orbit/migrate`` (synchronous migrations) and the private dev
-database import a MySQL driver. Every other module sees Orbit's own errors
+translation of errors), ``orbit/migrate`` (synchronous migrations) import a MySQL driver (the private dev database
+lives in the composition root, ``cmd/orbit_cmd/devdb.py``). Every other module sees Orbit's own errors
 (``orbit.storage.errors``: CheckViolation, DuplicateKey, LockConflict, ConnectionRefused…)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = {"pymysql", "aiomysql", "asyncmy", "MySQLdb"}
-ALLOWED = ("orbit/storage/", "orbit/migrate/", "orbit/devdb.py")
+ALLOWED = ("orbit/storage/", "orbit/migrate/")
 
 
 def _driver_imports(path: Path) -> list[str]:

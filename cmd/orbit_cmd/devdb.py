@@ -1,4 +1,5 @@
-"""A private MariaDB/MySQL server for ``orbit-server --dev``.
+"""A private MariaDB/MySQL server for ``orbit-server --dev``
+(the host side, binaries and processes, is :mod:`orbit_cmd.devdb_host`).
 
 :func:`ensure_dev_database` answers "where is my database?" for a developer's laptop: if a
 server answers at the configured DSN it returns ``None`` (use that one). Otherwise it starts a
@@ -18,7 +19,7 @@ Layout of the data folder (default ``.orbit/mysql``)::
 
 A server left running by a previous process (``orbit-server`` killed with SIGKILL) is found by
 its ``--datadir`` argument and *adopted* when it answers, else stopped; a stale pid file or
-socket left by a crash is removed before starting. ``python -m orbit.devdb status|stop|reset``
+socket left by a crash is removed before starting. ``python -m orbit_cmd.devdb status|stop|reset``
 inspects, stops or deletes the private database (docs/operations-dev.md).
 """
 
@@ -32,7 +33,6 @@ import hashlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,11 +41,30 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import pymysql
 
 from orbit.storage.dsn import DSN
+from orbit_cmd.devdb_host import (
+    BIND_ERRORS,
+    CHILDREN,
+    DEFAULT_DATA_DIR,
+    MAX_SOCKET_PATH,
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    DevDatabaseError,
+    ServerBinaries,
+    alive,
+    arg_value,
+    cmdline,
+    dev_dsn_default,
+    find_server_binaries,
+    ping,
+    pymysql_kwargs,
+    server_reachable,
+    servers_on,
+    stop_pid,
+)
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -61,224 +80,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("orbit.devdb")
-
-DEFAULT_DATA_DIR = Path(".orbit/mysql")
-START_TIMEOUT = 60.0  # seconds for initialisation + start-up until the server answers
-STOP_TIMEOUT = 30.0  # seconds after SIGTERM before SIGKILL
-#: Where the binaries are looked for besides $PATH (a user's PATH often lacks the sbin folders).
-SEARCH_DIRS = (
-    "/usr/sbin",
-    "/usr/local/sbin",
-    "/usr/bin",
-    "/usr/local/bin",
-    "/usr/local/mysql/bin",
-    "/usr/local/mariadb/bin",
-    "/usr/libexec",
-    "/opt/homebrew/bin",
-    "/opt/homebrew/sbin",
-)
-INSTALL_HINT = (
-    "install MariaDB (Debian/Ubuntu: `sudo apt-get install mariadb-server`, or run "
-    "`sudo scripts/db-up`, which installs and starts the system server), or point "
-    "--dsn / ORBIT_DSN at a server that is running"
-)
-_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes; keep a margin
-_BIND_ERRORS = ("Bind on TCP/IP port", "Address already in use", "Do you already have another")
-
-
-class DevDatabaseError(RuntimeError):
-    """The private dev database could not be found, initialised or started; says why and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServerBinaries:
-    """The installed server and how to initialise a data folder for it."""
-
-    server: Path  # mariadbd or mysqld
-    flavor: Literal["mariadb", "mysql"]
-    install_db: Path | None  # mariadb-install-db; None means `mysqld --initialize-insecure`
-    version: str
-
-
-def dev_dsn_default() -> DSN:
-    """The DSN ``--dev`` tries first: ``$ORBIT_DSN``, else ``mysql://root@127.0.0.1:3306/orbit``."""
-    return DSN.from_env()
-
-
-# --------------------------------------------------------------------------------------------
-# Finding the binaries
-
-
-def _candidates(names: Sequence[str], search_path: Sequence[str | Path] | None) -> Iterator[Path]:
-    if search_path is None:
-        dirs: list[str] = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-        dirs += [d for d in SEARCH_DIRS if d not in dirs]
-    else:
-        dirs = [str(d) for d in search_path]
-    for name in names:
-        for d in dirs:
-            p = Path(d) / name
-            if p.is_file() and os.access(p, os.X_OK):
-                yield p
-
-
-def find_server_binaries(search_path: Sequence[str | Path] | None = None) -> ServerBinaries:
-    """Find ``mariadbd``/``mysqld`` (and ``mariadb-install-db``) in $PATH and the usual sbin folders.
-
-    ``search_path`` replaces that list of folders. Raises :class:`DevDatabaseError` with
-    install instructions when no server binary is found.
-    """
-    server = next(_candidates(("mariadbd", "mysqld"), search_path), None)
-    if server is None:
-        raise DevDatabaseError(
-            f"no MariaDB/MySQL server binary (mariadbd, mysqld) found: {INSTALL_HINT}"
-        )
-    try:
-        out = subprocess.run(
-            [str(server), "--no-defaults", "--version"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-        version = (out.stdout or out.stderr).strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DevDatabaseError(f"{server} --version failed: {exc}") from exc
-    if "mariadb" in version.lower():
-        install_db = next(
-            _candidates(("mariadb-install-db", "mysql_install_db"), search_path), None
-        )
-        if install_db is None:
-            raise DevDatabaseError(
-                f"found {server} but not mariadb-install-db to initialise a data folder: {INSTALL_HINT}"
-            )
-        return ServerBinaries(server, "mariadb", install_db, version)
-    return ServerBinaries(server, "mysql", None, version)
-
-
-# --------------------------------------------------------------------------------------------
-# Probing
-
-
-def _server_error(exc: BaseException) -> bool:
-    """True when the error came from a server (it answered), False for a connection failure."""
-    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
-        return not 2000 <= exc.args[0] < 3000
-    return False
-
-
-def _ping(dsn: DSN, timeout: float) -> bool:
-    try:
-        conn = pymysql.connect(connect_timeout=timeout, **dsn.connect_kwargs(with_database=False))
-    except Exception as exc:
-        return _server_error(exc)
-    conn.close()
-    return True
-
-
-async def server_reachable(dsn: DSN, *, connect_timeout: float = 2.0) -> bool:
-    """True when a MySQL/MariaDB server answers at ``dsn``'s address.
-
-    A server that answers but refuses the login (wrong password, unknown user) counts as
-    reachable: starting a private server would not fix the DSN, and connecting will say why.
-    """
-    return await asyncio.to_thread(_ping, dsn, connect_timeout)
-
-
-# --------------------------------------------------------------------------------------------
-# Processes
-
-
-def _pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def _servers_on(datadir: Path) -> list[int]:
-    """Pids of live processes started with ``--datadir=<datadir>`` (Linux: /proc; else the pid file)."""
-    wanted = f"--datadir={datadir}"
-    proc = Path("/proc")
-    pids: list[int] = []
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if (
-                entry.name.isdigit()
-                and wanted in _cmdline(int(entry.name))
-                and _pid_alive(int(entry.name))
-            ):
-                pids.append(int(entry.name))
-        return pids
-    pid_file = datadir.parent / "mysqld.pid"
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(pid_file.read_text().strip())
-        if _pid_alive(pid):
-            pids.append(pid)
-    return pids
-
-
-def _arg_value(args: Sequence[str], name: str) -> str | None:
-    prefix = f"--{name}="
-    return next((a[len(prefix) :] for a in args if a.startswith(prefix)), None)
-
-
-#: Server processes started by this Python process, so that whoever stops one also reaps it.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is None:
-            return True
-        _CHILDREN.pop(pid, None)
-        return False
-    return _pid_alive(pid)
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        raise DevDatabaseError(
-            f"the dev database server (pid {pid}) belongs to another user: stop it as that user"
-        ) from None
-
-
-def _stop_pid(pid: int, grace: float) -> None:
-    """SIGTERM (the server's clean shutdown), wait up to ``grace`` seconds, then SIGKILL."""
-    if not _alive(pid):
-        return
-    _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while _alive(pid):
-        if time.monotonic() >= deadline:
-            log.warning("dev database (pid %d) did not stop in %.0f s: SIGKILL", pid, grace)
-            _signal(pid, signal.SIGKILL)
-            kill_deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < kill_deadline:
-                time.sleep(0.05)
-            return
-        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +106,7 @@ class DevDatabase:
     @property
     def running(self) -> bool:
         """The server process is alive."""
-        return not self._stopped and _alive(self.pid)
+        return not self._stopped and alive(self.pid)
 
     async def stop(self, grace: float = STOP_TIMEOUT) -> None:
         """Shut the server down: SIGTERM, wait up to ``grace`` seconds, then SIGKILL.
@@ -318,7 +119,7 @@ class DevDatabase:
         """:meth:`stop` for code without an event loop (``finally`` after ``asyncio.run``, atexit)."""
         if self._stopped:
             return
-        _stop_pid(self.pid, grace)
+        stop_pid(self.pid, grace)
         self._stopped = True
         log.info("dev database stopped (%s)", self.data_dir)
 
@@ -362,7 +163,7 @@ class _Layout:
     @property
     def socket(self) -> Path:
         path = self.root / "mysqld.sock"
-        if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
             return path
         tag = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"orbit-devdb-{os.getuid()}-{tag}" / "mysqld.sock"
@@ -373,7 +174,7 @@ def _socket_dsn(sock: Path, database: str) -> DSN:
 
 
 def _query_one(dsn: DSN, sql: str, *, with_database: bool = False) -> object:
-    conn = pymysql.connect(connect_timeout=5, **dsn.connect_kwargs(with_database=with_database))
+    conn = pymysql.connect(connect_timeout=5, **pymysql_kwargs(dsn, with_database=with_database))
     try:
         with conn.cursor() as cur:
             cur.execute(sql)
@@ -526,7 +327,7 @@ def _clear_stale(layout: _Layout) -> None:
 async def _wait_answering(dsn: DSN, deadline: float, alive: Iterator[bool]) -> bool:
     """Poll ``dsn`` until it answers (True), the process dies or the deadline passes (False)."""
     while time.monotonic() < deadline:
-        if await asyncio.to_thread(_ping, dsn, 1.0):
+        if await asyncio.to_thread(ping, dsn, 1.0):
             return True
         if not next(alive):
             return False
@@ -536,14 +337,14 @@ async def _wait_answering(dsn: DSN, deadline: float, alive: Iterator[bool]) -> b
 
 def _alive_iter(pid: int) -> Iterator[bool]:
     while True:
-        yield _alive(pid)
+        yield alive(pid)
 
 
 async def _adopt_or_stop_running(layout: _Layout, database: str) -> DevDatabase | None:
     """A server already running from this datadir: adopt it when it answers, else stop it."""
-    for pid in _servers_on(layout.datadir):
-        args = _cmdline(pid)
-        sock = Path(_arg_value(args, "socket") or layout.socket)
+    for pid in servers_on(layout.datadir):
+        args = cmdline(pid)
+        sock = Path(arg_value(args, "socket") or layout.socket)
         sdsn = _socket_dsn(sock, database)
         if await _wait_answering(sdsn, time.monotonic() + 3.0, _alive_iter(pid)):
             port = int(str(await asyncio.to_thread(_query_one, sdsn, "SELECT @@port")))
@@ -557,7 +358,7 @@ async def _adopt_or_stop_running(layout: _Layout, database: str) -> DevDatabase 
                 adopted=True,
             )
         log.warning("stopping a dev database that does not answer (pid %d)", pid)
-        await asyncio.to_thread(_stop_pid, pid, STOP_TIMEOUT)
+        await asyncio.to_thread(stop_pid, pid, STOP_TIMEOUT)
     return None
 
 
@@ -611,7 +412,9 @@ async def start_dev_database(
     :class:`DevDatabaseError` (with the end of the server's log) when it cannot.
     """
     deadline = time.monotonic() + start_timeout
-    bins = binaries or await asyncio.to_thread(find_server_binaries)
+    bins: ServerBinaries = (
+        binaries if binaries is not None else await asyncio.to_thread(find_server_binaries)
+    )
     layout = await asyncio.to_thread(_prepare, data_dir)
     async with _locked(layout, deadline):
         dev = await _adopt_or_stop_running(layout, database)
@@ -648,7 +451,7 @@ async def _start_server(
         log.info("starting the dev database: %s", " ".join(cmd))
         # Own session: a Ctrl-C in the terminal reaches orbit-server, which stops us cleanly.
         proc = _spawn(cmd, None)
-        _CHILDREN[proc.pid] = proc
+        CHILDREN[proc.pid] = proc
         dev = DevDatabase(
             dsn=DSN(user="root", password="", host="127.0.0.1", port=port, database=database),
             data_dir=layout.root,
@@ -670,12 +473,12 @@ async def _start_server(
             )
             return dev
         tail = await asyncio.to_thread(_tail, layout.log_file, log_start)
-        if _alive(proc.pid):
+        if alive(proc.pid):
             await dev.stop(grace=10)
             raise DevDatabaseError(
                 f"the dev database did not answer in time (log: {layout.log_file}):\n{tail}"
             )
-        if any(marker in tail for marker in _BIND_ERRORS) and time.monotonic() < deadline:
+        if any(marker in tail for marker in BIND_ERRORS) and time.monotonic() < deadline:
             log.warning("port %d was taken; trying another", port)
             await asyncio.to_thread(layout.port_file.unlink, missing_ok=True)
             continue
@@ -709,24 +512,24 @@ async def ensure_dev_database(
 def stop_dev_database(data_dir: Path = DEFAULT_DATA_DIR, grace: float = STOP_TIMEOUT) -> int:
     """Stop every server running from ``data_dir`` (e.g. left by a killed run); return how many."""
     layout = _Layout(Path(data_dir).resolve())
-    pids = _servers_on(layout.datadir)
+    pids = servers_on(layout.datadir)
     for pid in pids:
-        _stop_pid(pid, grace)
+        stop_pid(pid, grace)
     return len(pids)
 
 
 # --------------------------------------------------------------------------------------------
-# python -m orbit.devdb status|stop|reset [DATA_DIR]
+# python -m orbit_cmd.devdb status|stop|reset [DATA_DIR]
 
 
 def _main(argv: Sequence[str]) -> int:
-    usage = "usage: python -m orbit.devdb status|stop|reset [DATA_DIR]  (default .orbit/mysql)"
+    usage = "usage: python -m orbit_cmd.devdb status|stop|reset [DATA_DIR]  (default .orbit/mysql)"
     if not argv or argv[0] not in ("status", "stop", "reset") or len(argv) > 2:
         print(usage, file=sys.stderr)
         return 2
     layout = _Layout(Path(argv[1] if len(argv) > 1 else DEFAULT_DATA_DIR).resolve())
     if argv[0] == "status":
-        pids = _servers_on(layout.datadir)
+        pids = servers_on(layout.datadir)
         state = f"running (pid {', '.join(map(str, pids))})" if pids else "not running"
         init = "initialised" if layout.marker.exists() else "not initialised"
         print(f"{layout.root}: {init}, {state}")
