@@ -69,7 +69,8 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             boot = await bootstrap(db, f"app-{secrets.token_hex(4)}", "ns")
             await queue_service.put_queue(db, boot.namespace_id, "q", QueuePut())
-            app = build_app(AppContext(db=db, settings=Settings()), _routes())
+            ctx = AppContext(db=db, settings=Settings())
+            app = build_app(ctx, _routes(ctx))
             headers = {"Authorization": f"Bearer {boot.key}", "Content-Type": "application/json"}
             async with httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://orbit.test"
@@ -87,10 +88,11 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return figures
 
 
-def _routes() -> Any:
+def _routes(ctx: AppContext) -> Any:
     import pulse.http
+    from pulse.runtime import PulseRuntime
 
-    return pulse.http.routes()
+    return pulse.http.routes(PulseRuntime.build(ctx))
 
 
 async def _one(

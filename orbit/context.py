@@ -1,9 +1,10 @@
 """The application context every HTTP handler and background loop receives.
 
 The composition root (``cmd/orbit_cmd/server.py``) builds one :class:`AppContext` per process
-and stores it on ``app.state.ctx``. Other packages keep their own long-lived objects
-(dispatchers, connection hubs) in ``extras`` under their package name, e.g.
-``ctx.extras["pulse"]``, so the platform never imports them.
+and stores it on ``app.state.ctx``. Other packages keep their long-lived objects (dispatcher,
+connection hub, batches) in their own typed runtime built from it once
+(``pulse.runtime.PulseRuntime``, ``weave.runtime.WeaveRuntime``), so the platform never
+imports them; ``extras`` holds the platform's own per-process caches.
 """
 
 from __future__ import annotations
@@ -31,5 +32,5 @@ class AppContext:
     settings: Settings = field(default_factory=Settings)
     metrics: Registry = field(default_factory=Registry)
     node_id: str = field(default_factory=default_node_id)
-    #: Long-lived objects of other packages, keyed by package name ("pulse", "weave").
+    #: The platform's per-process caches (tenancy hints, readiness, OpenAPI document).
     extras: dict[str, Any] = field(default_factory=dict)

@@ -230,8 +230,8 @@ class PollConnection(Connection):
 class Notifier(Protocol):
     """What services tell this node's workers after COMMIT: new work to offer, a running
     attempt to stop. The :class:`Hub` is the one the server runs; tests pass a recorder.
-    Services call it through :func:`pulse.tasks.call_hub`, which never raises (a lost push
-    is repaired by polling and lease expiry)."""
+    Services tell it through :func:`wake_queue` and :func:`push_cancel`, which never raise (a
+    lost push is repaired by polling and lease expiry)."""
 
     def notify_new_work(
         self, namespace_id: bytes | None = None, queue_id: bytes | None = None
@@ -240,6 +240,32 @@ class Notifier(Protocol):
     def request_cancel(
         self, namespace_id: bytes, task_id: bytes, attempt_id: bytes
     ) -> Awaitable[bool | None]: ...
+
+
+async def wake_queue(hub: Notifier | None, namespace_id: bytes, queue_id: bytes) -> None:
+    """After COMMIT: new work in ``queue_id`` (offer it to sessions waiting here). Never
+    raises: the change is committed, a lost push is repaired by polling."""
+    if hub is None:
+        return
+    try:
+        res = hub.notify_new_work(namespace_id, queue_id)
+        if res is not None:
+            await res
+    except Exception:
+        log.exception("pulse hub notify_new_work failed")
+
+
+async def push_cancel(
+    hub: Notifier | None, namespace_id: bytes, task_id: bytes, attempt_id: bytes
+) -> None:
+    """After COMMIT: tell the worker running ``attempt_id`` to stop. Never raises: a lost
+    push is repaired by the worker's next heartbeat (``cancel_requested``)."""
+    if hub is None:
+        return
+    try:
+        await hub.request_cancel(namespace_id, task_id, attempt_id)
+    except Exception:
+        log.exception("pulse hub request_cancel failed")
 
 
 class Hub:

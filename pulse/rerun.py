@@ -40,11 +40,12 @@ from orbit.times import Time, format_time, parse_time
 from orbit.types import IdText
 from pulse import transitions
 from pulse.errors import QueueQuotaExceeded, TaskNotFound, TaskStateConflict
+from pulse.hub import wake_queue
 from pulse.store import attempts as attempt_store
 from pulse.store import queues as queue_store
 from pulse.store import rerun as store
 from pulse.store import tasks as task_store
-from pulse.tasks import NO_ATTEMPT, call_hub
+from pulse.tasks import NO_ATTEMPT
 from pulse.types import Name
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ async def rerun_task(
         return transitions.task_view(after), row["queue_id"]
 
     view, queue_id = await db.transaction(run)
-    await call_hub(hub, "notify_new_work", namespace_id, queue_id)
+    await wake_queue(hub, namespace_id, queue_id)
     return view
 
 
@@ -365,7 +366,7 @@ async def rerun_bulk(
         total["retried"] += n
         total["quota_refused"] += refused
         for qid in sorted(woke):
-            await call_hub(hub, "notify_new_work", namespace_id, qid)
+            await wake_queue(hub, namespace_id, qid)
         if nxt is None:
             return total
         position = nxt

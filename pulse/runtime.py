@@ -1,89 +1,133 @@
-"""Wiring of Pulse's worker side into a server process (called by the composition root).
+"""Pulse's long-lived objects on one node, built once by the composition root.
 
-    hub = pulse.runtime.install(ctx)            # before the app serves requests
-    loops = pulse.runtime.background_loops(ctx)  # [dispatcher.run, recovery.run]
-    for loop in loops: tasks.append(asyncio.create_task(loop(stop)))
+    runtime = PulseRuntime.build(ctx)        # cmd/orbit_cmd/server.py, before serving
+    routes = pulse.http.routes(runtime)      # every handler gets the runtime it needs
+    loops = runtime.loops()                  # dispatcher, recovery, scheduler, watchdog
 
-``install`` puts the :class:`~pulse.hub.Hub` at ``ctx.extras["pulse.hub"]`` (the tasks side
-and the HTTP routes read it with :func:`installed_hub`, the loops with :func:`hub_of`), and the dispatcher and recovery objects at
-``ctx.extras["pulse.dispatcher"]`` / ``ctx.extras["pulse.recovery"]`` (each has
-``run_once()`` for tests and tools). Each loop is ``async def run(stop=None)``: it runs until
-the ``stop`` event is set (the server's lifespan contract, ``cmd/orbit_cmd/server.py``) or the
-task is cancelled.
+:class:`PulseRuntime` holds the node's :class:`~pulse.hub.Hub`, the dispatcher, recovery,
+scheduler and stuck-work watchdog (each with ``run_once()`` for tests and tools), the group
+commits of worker messages and of submits, and the worker stream admission. Nothing in Pulse
+builds these lazily or finds them by name: a handler or loop is handed the runtime. Each loop
+is ``async def run(stop)``: it runs until the ``stop`` event is set (the server's lifespan
+contract, ``cmd/orbit_cmd/server.py``) or the task is cancelled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
 from orbit.context import AppContext
+from orbit.metrics import Registry
+from orbit.settings import Settings
+from orbit.storage import Database
 from pulse import queue_gauges
+from pulse.batcher import SubmitBatches, WorkerBatches
 from pulse.dispatch import Dispatcher
+from pulse.http.admission import Admission, AdmissionSettings
 from pulse.hub import Hub, Notifier
 from pulse.recovery import Recovery
+from pulse.scheduler import Scheduler
 from pulse.sessions import WorkerSettings
-from pulse.watchdog import Watchdog
+from pulse.watchdog import Watchdog, WatchdogSettings
 
-#: ``ctx.extras`` key of the node's hub: read it only through :func:`installed_hub` /
-#: :func:`hub_of`.
-HUB_KEY = "pulse.hub"
-DISPATCHER_KEY = "pulse.dispatcher"
-RECOVERY_KEY = "pulse.recovery"
-#: ``ctx.extras`` key of the node's stuck-work watchdog (pulse.watchdog.Watchdog).
-WATCHDOG_KEY = "pulse.watchdog"
+__all__ = ["Loop", "Notifier", "PulseRuntime"]
+
+#: A background loop: runs until the event is set (then returns promptly).
+Loop = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
-def install(ctx: AppContext, settings: WorkerSettings | None = None) -> Hub:
-    """Create this node's hub (once) and store it at ``ctx.extras["pulse.hub"]``."""
-    hub = ctx.extras.get(HUB_KEY)
-    if not isinstance(hub, Hub):
-        hub = Hub(ctx.node_id, settings or WorkerSettings.from_env())
-        ctx.extras[HUB_KEY] = hub
-        metrics = getattr(ctx, "metrics", None)
-        if metrics is not None:
-            gauge = metrics.gauge(
-                "pulse_worker_connections", "Worker sessions connected to this node", ("kind",)
-            )
+@dataclass(eq=False, slots=True)
+class PulseRuntime:
+    """Pulse on this node: what its routes and loops share. Build it with :meth:`build`."""
 
-            async def count_connections() -> None:  # O(connections): not on the scrape
-                for kind, n in hub.counts().items():
-                    gauge.set(n, kind=kind)
+    ctx: AppContext
+    hub: Hub
+    dispatcher: Dispatcher
+    recovery: Recovery
+    scheduler: Scheduler
+    watchdog: Watchdog
+    #: Group commit of worker starts, reports and heartbeats (pulse/batcher.py).
+    batches: WorkerBatches
+    #: Rounds of single submits without an Idempotency-Key (pulse/batcher.py).
+    submit_batches: SubmitBatches
+    #: Worker stream budgets and the tenants' share of frame handling.
+    admission: Admission
 
-            metrics.add_refresher("pulse_worker_connections", count_connections)
-            queue_gauges.install(metrics, ctx.db)
-    return hub
+    @property
+    def db(self) -> Database:
+        return self.ctx.db
 
+    @property
+    def metrics(self) -> Registry:
+        return self.ctx.metrics
 
-def hub_of(ctx: AppContext) -> Hub:
-    """The node's hub (installed on first use)."""
-    return install(ctx)
+    @property
+    def settings(self) -> Settings:
+        return self.ctx.settings
 
+    @classmethod
+    def build(
+        cls,
+        ctx: AppContext,
+        *,
+        workers: WorkerSettings | None = None,
+        admission: AdmissionSettings | None = None,
+        watchdog: WatchdogSettings | None = None,
+        hub: Hub | None = None,
+    ) -> PulseRuntime:
+        """Every Pulse object of this node, and their gauges in ``ctx.metrics``. Settings
+        left out come from the environment; ``hub`` replaces the node's hub (``workers`` then
+        does not apply)."""
+        db, metrics = ctx.db, ctx.metrics
+        if hub is None:
+            hub = Hub(ctx.node_id, workers or WorkerSettings.from_env())
+        runtime = cls(
+            ctx=ctx,
+            hub=hub,
+            dispatcher=Dispatcher(db, hub, metrics=metrics),
+            recovery=Recovery(db, hub, metrics=metrics),
+            scheduler=Scheduler(db, hub=hub, metrics=metrics),
+            watchdog=Watchdog(db, settings=watchdog, metrics=metrics),
+            batches=WorkerBatches(db),
+            submit_batches=SubmitBatches(db, hub=hub),
+            admission=Admission(admission, metrics=metrics),
+        )
+        runtime._register_gauges()
+        return runtime
 
-def installed_hub(ctx: AppContext) -> Notifier | None:
-    """The node's hub when the worker side is installed (:func:`install`; a test may put its
-    own :class:`~pulse.hub.Notifier` there), else None: an app that serves only the producer
-    routes has no worker streams to push to or wake."""
-    hub: Notifier | None = ctx.extras.get(HUB_KEY)
-    return hub
+    def loops(self) -> list[Loop]:
+        """The dispatcher, recovery, scheduler and watchdog loops of this node; each is safe
+        to run on every node at once."""
+        return [self.dispatcher.run, self.recovery.run, self.scheduler.run, self.watchdog.run]
 
+    def _register_gauges(self) -> None:
+        metrics, hub, batches = self.metrics, self.hub, self.batches
+        connections = metrics.gauge(
+            "pulse_worker_connections", "Worker sessions connected to this node", ("kind",)
+        )
 
-def background_loops(ctx: AppContext) -> list[Callable[..., Awaitable[None]]]:
-    """The dispatcher and recovery loops of this node: ``loop(stop)`` runs until ``stop`` is
-    set (or until cancelled; ``stop`` may be omitted)."""
-    hub = install(ctx)
-    metrics = getattr(ctx, "metrics", None)
-    dispatcher = Dispatcher(ctx.db, hub, metrics=metrics)
-    recovery = Recovery(ctx.db, hub, metrics=metrics)
-    ctx.extras[DISPATCHER_KEY] = dispatcher
-    ctx.extras[RECOVERY_KEY] = recovery
-    return [dispatcher.run, recovery.run]
+        async def count_connections() -> None:  # O(connections): not on the scrape
+            for kind, n in hub.counts().items():
+                connections.set(n, kind=kind)
 
+        metrics.add_refresher("pulse_worker_connections", count_connections)
+        queue_gauges.install(metrics, self.db)
+        rounds = metrics.gauge(
+            "pulse_group_commit_batches", "Transactions run by the group commit", ("kind",)
+        )
+        items = metrics.gauge(
+            "pulse_group_commit_items", "Worker messages applied by group commit", ("kind",)
+        )
+        largest = metrics.gauge("pulse_group_commit_largest", "Largest batch so far", ("kind",))
 
-def watchdog_loop(ctx: AppContext) -> Callable[..., Awaitable[None]]:
-    """The stuck-work watchdog loop of this node (``pulse.watchdog``); the watchdog object is
-    kept at ``ctx.extras["pulse.watchdog"]`` (``run_once()`` for tests and tools)."""
-    watchdog = ctx.extras.get(WATCHDOG_KEY)
-    if not isinstance(watchdog, Watchdog):
-        watchdog = Watchdog(ctx.db, metrics=getattr(ctx, "metrics", None))
-        ctx.extras[WATCHDOG_KEY] = watchdog
-    return watchdog.run
+        def collect() -> None:
+            for kind, gc in (("start", batches.starts), ("report", batches.reports),
+                             ("heartbeat", batches.heartbeats)):  # fmt: skip
+                rounds.set(gc.stats.batches, kind=kind)
+                items.set(gc.stats.items, kind=kind)
+                largest.set(gc.stats.largest, kind=kind)
+
+        metrics.add_collector(collect)

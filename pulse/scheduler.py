@@ -645,14 +645,12 @@ class Scheduler:
                 await self._back_off(claimed)
             raise
         if result is not None and self.hub is not None:
-            from pulse.tasks import call_hub
+            from pulse.hub import push_cancel, wake_queue
 
             for queue_id in sorted(result.new_work):
-                await call_hub(self.hub, "notify_new_work", claimed["namespace_id"], queue_id)
+                await wake_queue(self.hub, claimed["namespace_id"], queue_id)
             for task_id, attempt_id in result.cancel_requested:
-                await call_hub(
-                    self.hub, "request_cancel", claimed["namespace_id"], task_id, attempt_id
-                )
+                await push_cancel(self.hub, claimed["namespace_id"], task_id, attempt_id)
         return result
 
     async def _back_off(self, row: dict[str, Any]) -> None:

@@ -8,12 +8,12 @@ its row lock and writes its raw event, and for CANCELLED/SUCCEEDED/FAILED its re
 in the same transaction.
 
 Hub calls (``request_cancel``, ``notify_new_work``) happen only after COMMIT and only when a
-hub is given (``pulse.runtime.installed_hub(ctx)``): a transaction may be retried, a push cannot.
+hub is given (the node's ``PulseRuntime.hub``; ``pulse.hub.wake_queue`` / ``push_cancel``): a
+transaction may be retried, a push cannot.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -362,25 +362,15 @@ async def cancel_task(
     return outcome
 
 
-async def _notify_cancel(hub: Notifier | None, namespace_id: bytes, items: list[tuple[bytes, bytes]]) -> None:
+async def _notify_cancel(
+    hub: Notifier | None, namespace_id: bytes, items: list[tuple[bytes, bytes]]
+) -> None:
     if hub is None or not items:
         return
+    from pulse.hub import push_cancel
+
     for task_id, attempt_id in items:
-        await call_hub(hub, "request_cancel", namespace_id, task_id, attempt_id)
-
-
-async def call_hub(hub: Notifier | None, method: str, *args: Any) -> None:
-    """Call ``hub.<method>(*args)`` when the hub has it (sync or async); never raises: the
-    change is committed, a lost push is repaired by polling and lease expiry."""
-    fn = getattr(hub, method, None)
-    if fn is None:
-        return
-    try:
-        res = fn(*args)
-        if inspect.isawaitable(res):
-            await res
-    except Exception:
-        log.exception("pulse hub %s failed", method)
+        await push_cancel(hub, namespace_id, task_id, attempt_id)
 
 
 async def cancel_in_tx(
@@ -398,7 +388,7 @@ async def cancel_in_tx(
     Locks in the lock order (application resources → queue usage → tasks) and writes the
     events with :func:`transitions.record_many`, so call it as the last write of the
     transaction. Returns the (task id, attempt id) of running attempts: after COMMIT, push
-    their cancels with ``call_hub(hub, "request_cancel", namespace_id, task_id, attempt_id)``.
+    their cancels with ``pulse.hub.push_cancel(hub, namespace_id, task_id, attempt_id)``.
     """
     ids = sorted(set(task_ids))
     if not ids:
@@ -627,7 +617,9 @@ async def resolve_task(
 
     view, wake = await db.transaction(run)
     if wake is not None:
-        await call_hub(hub, "notify_new_work", namespace_id, wake)
+        from pulse.hub import wake_queue
+
+        await wake_queue(hub, namespace_id, wake)
     return view
 
 

@@ -23,6 +23,11 @@ import pytest
 
 from orbit import migrate
 from orbit.storage import DSN, Database
+from weave.runtime import install_hooks
+
+#: Weave's hook in Pulse, as the composition root registers it before serving: tests drive
+#: workflow steps through Pulse's services directly.
+install_hooks()
 
 #: Shared Pulse fixtures (``tenant`` factory etc.), see tests/pulse_fixtures.py; the
 #: shardability guard (namespace_id predicate on runtime tables), see tests/sql_guard.py.

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -94,8 +94,33 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def make_app(db: Database, extra_routes: Sequence[BaseRoute] = (), **settings: object) -> Starlette:
-    return build_app(AppContext(db=db, settings=Settings(**settings)), extra_routes)  # type: ignore[arg-type]
+#: Routes, or what builds them from the app's context (a package's runtime needs it).
+Routes = Sequence[BaseRoute] | Callable[[AppContext], Sequence[BaseRoute]]
+
+
+def make_app(db: Database, extra_routes: Routes = (), **settings: object) -> Starlette:
+    ctx = AppContext(db=db, settings=Settings(**settings))  # type: ignore[arg-type]
+    routes = extra_routes(ctx) if callable(extra_routes) else extra_routes
+    return build_app(ctx, routes)
+
+
+def pulse_routes(ctx: AppContext) -> list[BaseRoute]:
+    """Pulse's routes with a runtime built for ``ctx`` (as the composition root does)."""
+    from pulse.http import routes
+    from pulse.runtime import PulseRuntime
+
+    return routes(PulseRuntime.build(ctx))
+
+
+def pulse_weave_routes(ctx: AppContext) -> list[BaseRoute]:
+    """Pulse's and Weave's routes with their runtimes built for ``ctx``."""
+    import weave.http
+    from pulse.http import routes
+    from pulse.runtime import PulseRuntime
+    from weave.runtime import WeaveRuntime
+
+    rt = PulseRuntime.build(ctx)
+    return [*routes(rt), *weave.http.routes(WeaveRuntime.build(ctx, rt))]
 
 
 def asgi_client(app: Starlette) -> httpx.AsyncClient:

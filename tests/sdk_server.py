@@ -30,9 +30,7 @@ from platform_fixtures import PTenant, new_tenant
 from orbit.context import AppContext
 from orbit.http.app import build_app
 from orbit.storage import Database
-from pulse import runtime as pulse_runtime
 from pulse.sessions import WorkerSettings
-from weave import runtime as weave_runtime
 from weave.advancer import AdvancerSettings
 from weave.timers import TimerSettings
 
@@ -47,6 +45,7 @@ RAW_PAYLOAD = b'{"n": 1.10, "big": 123456789012345678901}'
 class Server:
     url: str
     ctx: AppContext
+    node: composition.Node
 
 
 class _Uvicorn(uvicorn.Server):
@@ -66,13 +65,14 @@ async def server_fixture(db: Database) -> AsyncIterator[Server]:
     """``orbit-server``'s app and loops (faster poll intervals) on a free port."""
     port = _free_port()
     ctx = AppContext(db=db, node_id=f"sdk-groups-{port}")
-    pulse_runtime.install(ctx, WorkerSettings(dispatch_poll_ms=50, recovery_interval_ms=200))
-    advancer = weave_runtime.install(ctx)
-    advancer.settings = AdvancerSettings(poll_s=0.05)
-    ctx.extras[weave_runtime.TIMERS_KEY].settings = TimerSettings(poll_s=0.05)
-    loops = composition.background_loops(ctx)
-    ctx.extras["pulse.scheduler"].interval_s = 0.2
-    app = build_app(ctx, composition.extra_routes(ctx), lifespan=composition.lifespan(ctx, loops))
+    node = composition.build_node(
+        ctx, workers=WorkerSettings(dispatch_poll_ms=50, recovery_interval_ms=200)
+    )
+    node.weave.advancer.settings = AdvancerSettings(poll_s=0.05)
+    node.weave.timers.settings = TimerSettings(poll_s=0.05)
+    node.pulse.scheduler.interval_s = 0.2
+    loops = composition.background_loops(node)
+    app = build_app(ctx, composition.routes(node), lifespan=composition.lifespan(ctx, loops))
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     uv = _Uvicorn(config)
     serving = asyncio.create_task(uv.serve())
@@ -80,7 +80,7 @@ async def server_fixture(db: Database) -> AsyncIterator[Server]:
         async with asyncio.timeout(10):
             while not uv.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
                 await asyncio.sleep(0.01)
-        yield Server(f"http://127.0.0.1:{port}", ctx)
+        yield Server(f"http://127.0.0.1:{port}", ctx, node)
     finally:
         uv.should_exit = True
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):

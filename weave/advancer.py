@@ -41,9 +41,9 @@ from orbit.errors import OrbitError
 from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from orbit.store.clock import clock_now
-from pulse.tasks import call_hub
+from pulse.hub import push_cancel, wake_queue
 from weave.engine import AfterCommit, Run
-from weave.inbox import apply_events, apply_pending, install_hook
+from weave.inbox import apply_events, apply_pending
 from weave.store import inbox as inbox_store
 from weave.store import instances as instance_store
 from weave.store import pending as pending_store
@@ -101,7 +101,6 @@ class Advancer:
         metrics: Registry | None = None,
         settings: AdvancerSettings | None = None,
     ) -> None:
-        install_hook()
         self.db = db
         self.hub = hub
         self.settings = settings or AdvancerSettings()
@@ -260,9 +259,9 @@ async def push_after_commit(hub: Notifier | None, namespace_id: bytes, after: Af
     if hub is None:
         return
     for task_id, attempt_id in after.cancels:
-        await call_hub(hub, "request_cancel", namespace_id, task_id, attempt_id)
+        await push_cancel(hub, namespace_id, task_id, attempt_id)
     for queue_id in sorted(after.queues):
-        await call_hub(hub, "notify_new_work", namespace_id, queue_id)
+        await wake_queue(hub, namespace_id, queue_id)
 
 
 async def _pause(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:

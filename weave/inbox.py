@@ -113,9 +113,6 @@ def install_hook() -> None:
         transitions.TERMINAL_HOOKS.append(on_task_result)
 
 
-install_hook()
-
-
 async def apply_events(run: Run, rows: Sequence[InboxRow]) -> dict[str, int]:
     """Apply locked, unprocessed events to ``run`` in order, marking each processed.
 

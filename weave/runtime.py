@@ -1,69 +1,79 @@
-"""Wiring of the Weave engine into a server process (called by the composition root).
+"""Weave on one node, built once by the composition root (``cmd/orbit_cmd/server.py``).
 
-    advancer = weave.runtime.install(ctx)         # also registers the Pulse terminal hook
-    loops = weave.runtime.background_loops(ctx)   # [advancer.run, timers.run]
-    for loop in loops: tasks.append(asyncio.create_task(loop(stop_event)))
+    weave.runtime.install_hooks()                     # Pulse's terminal-task hook
+    runtime = WeaveRuntime.build(ctx, pulse_runtime)  # advancer and timer loop
+    routes = weave.http.routes(runtime)
+    loops = runtime.loops()                           # [advancer.run, timers.run]
 
-``install`` keeps the :class:`~weave.advancer.Advancer` at ``ctx.extras["weave.advancer"]``
-(routes wake it after committing a signal) and the :class:`~weave.timers.TimerLoop` at
-``ctx.extras["weave.timers"]``. Both loops are safe on any number of nodes; each runs until
-its stop event is set. Tunables from the environment: ``ORBIT_WEAVE_ADVANCER_POLL_MS``
-(default 200) and ``ORBIT_WEAVE_TIMER_POLL_MS`` (default 250).
+:class:`WeaveRuntime` holds the :class:`~weave.advancer.Advancer` (routes wake it after
+committing a signal) and the :class:`~weave.timers.TimerLoop`, with the node's Pulse runtime
+whose hub pushes cancels to workers and wakes the dispatcher. Both loops are safe on any
+number of nodes; each runs until its stop event is set. Tunables from the environment:
+``ORBIT_WEAVE_ADVANCER_POLL_MS`` (default 200) and ``ORBIT_WEAVE_TIMER_POLL_MS`` (default 250).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from orbit.context import AppContext
-from pulse import runtime as pulse_runtime
+from orbit.storage import Database
+from pulse.runtime import Loop, PulseRuntime
 from weave.advancer import Advancer, AdvancerSettings
 from weave.inbox import install_hook
 from weave.timers import TimerLoop, TimerSettings
 
-ADVANCER_KEY = "weave.advancer"
-TIMERS_KEY = "weave.timers"
-
-Loop = Callable[[asyncio.Event], Awaitable[None]]
+__all__ = ["WeaveRuntime", "install_hooks"]
 
 
 def _ms(name: str, default: int) -> float:
     return int(os.environ.get(name, default)) / 1000
 
 
-def install(ctx: AppContext) -> Advancer:
-    """Create this node's advancer and timer loop once (stored in ``ctx.extras``)."""
+def install_hooks() -> None:
+    """Register Weave's hook in Pulse: a finished task of a workflow step becomes an inbox
+    event in the same transaction (:func:`weave.inbox.on_task_result`). Idempotent."""
     install_hook()
-    advancer = ctx.extras.get(ADVANCER_KEY)
-    if not isinstance(advancer, Advancer):
-        # The Pulse hub pushes cancels to workers and wakes the dispatcher.
-        hub = pulse_runtime.install(ctx)
-        advancer = Advancer(
+
+
+@dataclass(eq=False, slots=True)
+class WeaveRuntime:
+    """Weave on this node: what its routes and loops share. Build it with :meth:`build`."""
+
+    ctx: AppContext
+    pulse: PulseRuntime
+    advancer: Advancer
+    timers: TimerLoop
+
+    @property
+    def db(self) -> Database:
+        return self.ctx.db
+
+    @classmethod
+    def build(
+        cls,
+        ctx: AppContext,
+        pulse: PulseRuntime,
+        *,
+        advancer: AdvancerSettings | None = None,
+        timers: TimerSettings | None = None,
+    ) -> WeaveRuntime:
+        """The advancer and timer loop of this node (settings left out come from the
+        environment)."""
+        adv = Advancer(
             ctx.db,
-            hub=hub,
-            metrics=getattr(ctx, "metrics", None),
-            settings=AdvancerSettings(poll_s=_ms("ORBIT_WEAVE_ADVANCER_POLL_MS", 200)),
+            hub=pulse.hub,
+            metrics=ctx.metrics,
+            settings=advancer or AdvancerSettings(poll_s=_ms("ORBIT_WEAVE_ADVANCER_POLL_MS", 200)),
         )
-        ctx.extras[ADVANCER_KEY] = advancer
-        ctx.extras[TIMERS_KEY] = TimerLoop(
+        timer_loop = TimerLoop(
             ctx.db,
-            settings=TimerSettings(poll_s=_ms("ORBIT_WEAVE_TIMER_POLL_MS", 250)),
-            on_fired=advancer.wake,
+            settings=timers or TimerSettings(poll_s=_ms("ORBIT_WEAVE_TIMER_POLL_MS", 250)),
+            on_fired=adv.wake,
         )
-    return advancer
+        return cls(ctx=ctx, pulse=pulse, advancer=adv, timers=timer_loop)
 
-
-def background_loops(ctx: AppContext) -> list[Loop]:
-    """The advancer and timer loops of this node (``async (stop) -> None``)."""
-    advancer = install(ctx)
-    timers: TimerLoop = ctx.extras[TIMERS_KEY]
-    return [advancer.run, timers.run]
-
-
-def wake(ctx: AppContext) -> None:
-    """Wake this node's advancer, when it runs here (after committing an inbox event)."""
-    advancer = ctx.extras.get(ADVANCER_KEY)
-    if isinstance(advancer, Advancer):
-        advancer.wake()
+    def loops(self) -> list[Loop]:
+        """The advancer and timer loops of this node (``async (stop) -> None``)."""
+        return [self.advancer.run, self.timers.run]

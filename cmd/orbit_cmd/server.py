@@ -24,15 +24,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import inspect
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from types import ModuleType
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import pymysql
@@ -42,15 +41,25 @@ from starlette.routing import BaseRoute
 
 from orbit import logs, migrate
 from orbit.context import AppContext
+from orbit.delivery_loop import DeliveryLoop, deliveries_hub
+from orbit.http import audit, retention, subscription_delete, subscriptions, ui
 from orbit.http.app import build_app
 from orbit.idempotency_cleanup import IdempotencyCleanup
-from orbit.retention_purge import Holder, Part, RetentionPurge
+from orbit.retention_purge import RetentionPurge
 from orbit.settings import Settings
 from orbit.storage import DSN, Database
 from orbit.storage.drivers import load_driver
 from orbit.version import __version__
 from orbit_cmd.devdb import DevDatabase, ensure_dev_database
 from orbit_cmd.http_protocols import HeadDeadlineH11, http_protocol
+from pulse import http as pulse_http
+from pulse.runtime import Loop, PulseRuntime
+from pulse.sessions import WorkerSettings
+from pulse.task_purge import TaskPurge, oldest_unfinished_task
+from weave import http as weave_http
+from weave import runtime as weave_runtime
+from weave.retention import oldest_running_instance, running_instance_tasks
+from weave.runtime import WeaveRuntime
 
 log = logging.getLogger("orbit.server")
 
@@ -59,95 +68,69 @@ EXIT_NOT_CURRENT = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 
-#: A background loop: runs until the event is set (then returns promptly).
-Loop = Callable[[asyncio.Event], Awaitable[None]]
-
 STOP_GRACE_S = 10.0
 
 
-def _optional(module: str) -> ModuleType | None:
-    """Import ``module`` when it exists (packages still being built are skipped).
-
-    Only a missing module is tolerated; an error inside an existing module is raised.
-    """
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            return None
-        raise
-
-
 # =============================================================================================
-# COMPOSITION POINT. Every package plugs in here and nowhere else:
-#   * routes:  a module exposing ``routes(ctx) -> list[BaseRoute]`` (or ``routes()``)
-#   * loops:   a module exposing ``background_loops(ctx) -> list[Loop]``
-# Add a package by adding its module names to the two tuples below.
+# COMPOSITION POINT. Every package plugs in here and nowhere else: its runtime is built once
+# (:func:`build_node`), its routes come from its explicit ``routes(...)`` (:func:`routes`),
+# its loops from its runtime (:func:`background_loops`), its hooks are registered here.
 # =============================================================================================
 
-ROUTE_MODULES: tuple[str, ...] = (
-    "orbit.http.subscriptions",  # subscriptions and deliveries (platform)
-    "orbit.http.subscription_delete",  # subscription delete (platform)
-    "orbit.http.audit",  # the audit list (platform)
-    "orbit.http.retention",  # retention settings (platform)
-    "pulse.http",  # queues, tasks, workers, schedules
-    "weave.http",  # workflows
-    "orbit.http.ui",  # web console at /ui
-)
 
-LOOP_MODULES: tuple[str, ...] = (
-    "pulse.loops",  # dispatcher, recovery, scheduler, watchdog
-    "weave.runtime",  # workflow advancer and timers
-)
+@dataclass(eq=False, slots=True)
+class Node:
+    """Everything one server process runs: the platform context and each package's runtime."""
+
+    ctx: AppContext
+    pulse: PulseRuntime
+    weave: WeaveRuntime
 
 
-def _routes_of(mod: ModuleType, ctx: AppContext) -> list[BaseRoute]:
-    fn = mod.routes
-    takes_ctx = bool(inspect.signature(fn).parameters)
-    return list(fn(ctx) if takes_ctx else fn())
+def build_node(ctx: AppContext, *, workers: WorkerSettings | None = None) -> Node:
+    """Register the packages' hooks and build each runtime once (before serving)."""
+    weave_runtime.install_hooks()
+    pulse = PulseRuntime.build(ctx, workers=workers)
+    return Node(ctx=ctx, pulse=pulse, weave=WeaveRuntime.build(ctx, pulse))
 
 
-def extra_routes(ctx: AppContext) -> list[BaseRoute]:
-    """Routes of the other packages, in ROUTE_MODULES order (the platform's own routes are
-    added by ``build_app``)."""
-    out: list[BaseRoute] = []
-    for name in ROUTE_MODULES:
-        mod = _optional(name)
-        if mod is not None and hasattr(mod, "routes"):
-            out.extend(_routes_of(mod, ctx))
-    return out
+def routes(node: Node) -> list[BaseRoute]:
+    """The routes of every package, in mounting order (the platform's own ops, admin and
+    result-event routes are added by ``build_app``)."""
+    return [
+        *subscriptions.routes(),  # subscriptions and deliveries (platform)
+        *subscription_delete.routes(),  # subscription delete (platform)
+        *audit.routes(),  # the audit list (platform)
+        *retention.routes(),  # retention settings (platform)
+        *pulse_http.routes(node.pulse),  # queues, tasks, workers, schedules
+        *weave_http.routes(node.weave),  # workflows
+        *ui.routes(),  # web console at /ui
+    ]
 
 
-def background_loops(ctx: AppContext) -> list[Loop]:
-    """Every background loop of this node: the platform's, then LOOP_MODULES'."""
-    loops: list[Loop] = [IdempotencyCleanup(ctx).run, _metrics_refresh(ctx)]
-    loops.append(retention_purge(ctx).run)
-    delivery = _optional("orbit.delivery_loop")
-    if delivery is not None and hasattr(delivery, "DeliveryLoop"):
-        loop = delivery.DeliveryLoop(ctx.db, hub=delivery.deliveries_hub(ctx), metrics=ctx.metrics)
-        loops.append(loop.run)
-    for name in LOOP_MODULES:
-        mod = _optional(name)
-        if mod is not None and hasattr(mod, "background_loops"):
-            loops.extend(mod.background_loops(ctx))
-    return loops
+def background_loops(node: Node) -> list[Loop]:
+    """Every background loop of this node: the platform's, then Pulse's and Weave's."""
+    ctx = node.ctx
+    delivery = DeliveryLoop(ctx.db, hub=deliveries_hub(ctx), metrics=ctx.metrics)
+    return [
+        IdempotencyCleanup(ctx).run,
+        _metrics_refresh(ctx),
+        retention_purge(ctx).run,
+        delivery.run,
+        *node.pulse.loops(),  # dispatcher, recovery, scheduler, watchdog
+        *node.weave.loops(),  # workflow advancer and timers
+    ]
 
 
 def retention_purge(ctx: AppContext) -> RetentionPurge:
-    """The retention purge with the parts and holders of the packages present: Pulse purges
-    finished tasks and holds events of unfinished ones; Weave keeps the tasks and events of
-    running instances."""
-    parts: list[Part] = []
-    holders: list[Holder] = []
-    tasks = _optional("pulse.task_purge")
-    flows = _optional("weave.retention")
-    if tasks is not None:
-        keep = flows.running_instance_tasks if flows is not None else None
-        parts.append(tasks.TaskPurge(keep))
-        holders.append(tasks.oldest_unfinished_task)
-    if flows is not None:
-        holders.append(flows.oldest_running_instance)
-    return RetentionPurge(ctx, parts=parts, holders=holders)
+    """The retention purge: Pulse purges finished tasks (keeping those of running workflow
+    instances) and holds events of unfinished ones; Weave keeps the events of running
+    instances."""
+    return RetentionPurge(
+        ctx,
+        parts=[TaskPurge(running_instance_tasks)],
+        holders=[oldest_unfinished_task, oldest_running_instance],
+    )
 
 
 # =============================================================================================
@@ -162,7 +145,9 @@ def _metrics_refresh(ctx: AppContext) -> Loop:
     return refresh_metrics
 
 
-def lifespan(ctx: AppContext, loops: Sequence[Loop]) -> Callable[[Starlette], Any]:
+def lifespan(
+    ctx: AppContext, loops: Sequence[Loop]
+) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
     """Start the loops with the app; on shutdown set the stop event, wait, then cancel."""
 
     @contextlib.asynccontextmanager
@@ -172,7 +157,6 @@ def lifespan(ctx: AppContext, loops: Sequence[Loop]) -> Callable[[Starlette], An
             asyncio.create_task(loop(stop), name=getattr(loop, "__qualname__", "loop"))
             for loop in loops
         ]
-        ctx.extras["orbit.stop"] = stop
         try:
             yield
         finally:
@@ -323,7 +307,8 @@ async def serve(args: argparse.Namespace) -> int:
         try:
             settings = Settings.from_env(max_body_bytes=args.max_body_bytes)
             ctx = AppContext(db=db, settings=settings)
-            app = build_app(ctx, extra_routes(ctx), lifespan=lifespan(ctx, background_loops(ctx)))
+            node = build_node(ctx)
+            app = build_app(ctx, routes(node), lifespan=lifespan(ctx, background_loops(node)))
             config = uvicorn.Config(
                 app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                 access_log=False, lifespan="on", log_config=None, http=http,
@@ -359,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
-def _run(main_coro: Any) -> int:
+def _run(main_coro: Coroutine[Any, Any, int]) -> int:
     """Run the server's event loop: uvloop when installed (``ORBIT_UVLOOP=0`` opts out),
     else asyncio's default loop."""
     if os.environ.get("ORBIT_UVLOOP", "1") != "0":

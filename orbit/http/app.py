@@ -5,11 +5,11 @@ composition root passes in (Pulse, Weave)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
+from starlette.types import Lifespan
 
 from orbit.context import AppContext
 from orbit.http import admin, events, ops
@@ -26,7 +26,7 @@ def build_app(
     ctx: AppContext,
     extra_routes: Sequence[BaseRoute] = (),
     *,
-    lifespan: Any = None,
+    lifespan: Lifespan[Starlette] | None = None,
 ) -> Starlette:
     """The HTTP/WSS application. ``ctx`` is stored on ``app.state.ctx``.
 

@@ -31,6 +31,7 @@ tests/reliability/test_openapi_conformance.py checks the document against a real
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -204,6 +205,15 @@ def _schemas(types: list[Any]) -> tuple[dict[Any, dict[str, Any]], dict[str, Any
     return ref, components
 
 
+def _endpoint(route: BaseRoute) -> Any:
+    """The route's handler function, unwrapping the ``functools.partial`` a package's
+    ``routes(runtime)`` binds its runtime with."""
+    endpoint = getattr(route, "endpoint", None)
+    while isinstance(endpoint, functools.partial):
+        endpoint = endpoint.func
+    return endpoint
+
+
 def openapi_document(
     routes: Iterable[BaseRoute], *, title: str = "Orbit", version: str = "1"
 ) -> dict[str, Any]:
@@ -211,8 +221,7 @@ def openapi_document(
     types: list[Any] = [ErrorBody]
     ops: list[tuple[str, str, ApiDoc | None, BaseRoute]] = []
     for path, route in _walk(routes):
-        endpoint = getattr(route, "endpoint", None)
-        docs: list[ApiDoc] = list(getattr(endpoint, ATTR, ()))
+        docs: list[ApiDoc] = list(getattr(_endpoint(route), ATTR, ()))
         if isinstance(route, WebSocketRoute):
             ops.append((_clean_path(path), "get", docs[0] if docs else None, route))
             continue
@@ -229,7 +238,7 @@ def openapi_document(
     for path, method, doc, route in ops:
         op: dict[str, Any] = {"parameters": _path_params(path)}
         if doc is None:
-            op["summary"] = getattr(getattr(route, "endpoint", None), "__doc__", None) or path
+            op["summary"] = getattr(_endpoint(route), "__doc__", None) or path
             op["summary"] = op["summary"].strip().splitlines()[0]
             op["responses"] = {"default": {"description": "see docs/api"}}
         else:

@@ -18,7 +18,7 @@ by mistake. Plus ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-refe
 
 The routes are one :class:`~starlette.routing.Mount` around a small ASGI app, so they stay out
 of ``/openapi.json`` (which documents the API only). Mount them with the other packages'
-routes: the composition root lists ``"orbit.http.ui"`` in ``ROUTE_MODULES`` (``routes()``).
+routes: the composition root lists ``routes()`` in ``routes(node)`` (``cmd/orbit_cmd/server.py``).
 """
 
 from __future__ import annotations

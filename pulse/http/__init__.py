@@ -1,49 +1,46 @@
 """Pulse's HTTP/WebSocket routes, mounted by the composition root (``cmd/orbit_cmd/server.py``
-lists ``pulse.http`` in ROUTE_MODULES and calls :func:`routes`).
+calls :func:`routes` with the node's :class:`~pulse.runtime.PulseRuntime`).
 
-Each module named in :data:`ROUTE_MODULES` exposes ``routes()`` or ``routes(ctx)``. A module
-that does not exist yet is skipped (only when the missing module is that very module; an
-import error inside an existing module is raised).
+Each area module has its own ``routes(...)``; the list below is the whole of Pulse's API, in
+mounting order. A new route module is added here.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.routing import BaseRoute
 
-#: Route modules, in mounting order.
-ROUTE_MODULES: tuple[str, ...] = (
-    "pulse.http.queues",  # queues and gates (producer/operator side)
-    "pulse.http.tasks",  # tasks (producer/operator side)
-    "pulse.http.workers",  # worker sessions, stream, HTTP fallback (worker side)
-    "pulse.http.schedules",  # schedules, pause/resume, occurrences
-    "pulse.http.schedule_controls",  # schedule trigger, backfill, delete
-    "pulse.http.queue_delete",  # queue delete
-    "pulse.http.workers_view",  # connected workers, operator close
-    "pulse.http.rerun",  # re-run finished tasks
-    "pulse.http.task_history",  # a task's raw state events
+from pulse.http import (
+    queue_delete,
+    queues,
+    rerun,
+    schedule_controls,
+    schedules,
+    task_history,
+    tasks,
+    workers,
+    workers_view,
 )
 
-
-def _load(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            return None
-        raise
+if TYPE_CHECKING:
+    from pulse.runtime import PulseRuntime
 
 
-def routes(ctx: Any = None) -> list[BaseRoute]:
-    """Every Pulse route (``ctx`` is passed to modules whose ``routes`` takes it)."""
-    out: list[BaseRoute] = []
-    for name in ROUTE_MODULES:
-        mod = _load(name)
-        if mod is None or not hasattr(mod, "routes"):
-            continue
-        fn = mod.routes
-        out.extend(fn(ctx) if inspect.signature(fn).parameters else fn())
-    return out
+def routes(rt: PulseRuntime) -> list[BaseRoute]:
+    """Every Pulse route; handlers that push to workers or use the node's batches and
+    admission are bound to ``rt``."""
+    return [
+        *queues.routes(),  # queues and gates (producer/operator side)
+        *tasks.routes(rt),  # tasks (producer/operator side)
+        *workers.routes(rt),  # worker sessions, stream, HTTP fallback (worker side)
+        *schedules.routes(),  # schedules, pause/resume, occurrences
+        *schedule_controls.routes(rt),  # schedule trigger, backfill, delete
+        *queue_delete.routes(),  # queue delete
+        *workers_view.routes(rt),  # connected workers, operator close
+        *rerun.routes(rt),  # re-run finished tasks
+        *task_history.routes(),  # a task's raw state events
+    ]
+
+
+__all__ = ["routes"]

@@ -55,7 +55,6 @@ from pulse.sessions import SessionInfo
 
 #: WebSocket close code for a stream over its budget (policy violation).
 CLOSE_POLICY = 1008
-ADMISSION_KEY = "pulse.admission"
 #: Shortest cool-down of a session whose stream was closed for its budget (seconds).
 COOL_DOWN_MIN_S = 1.0
 #: Longest cool-down (seconds), reached by a session refused again and again.
@@ -170,7 +169,7 @@ class Admission:
         count, last = self._strikes.get(key, (0, now))
         count = count + 1 if now - last < STRIKE_MEMORY_S else 1
         self._strikes[key] = (count, now)
-        wait = min(COOL_DOWN_MAX_S, max(COOL_DOWN_MIN_S, seconds) * 2 ** min(count - 1, 16))
+        wait = min(COOL_DOWN_MAX_S, max(COOL_DOWN_MIN_S, seconds) * 2.0 ** min(count - 1, 16))
         self._cooling[key] = now + wait
         for table in (self._cooling, self._strikes):
             table.move_to_end(key)
@@ -212,11 +211,3 @@ class TenantSlots:
 
     def release(self) -> None:
         self._gate.release(self._tenant)
-
-
-def admission_of(ctx: Any) -> Admission:
-    """The node's :class:`Admission` (made on first use)."""
-    adm = ctx.extras.get(ADMISSION_KEY)
-    if not isinstance(adm, Admission):
-        adm = ctx.extras[ADMISSION_KEY] = Admission(metrics=getattr(ctx, "metrics", None))
-    return adm

@@ -12,6 +12,9 @@ A key limited to some queues re-runs only tasks of those queues (another queue's
 
 from __future__ import annotations
 
+from functools import partial
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -27,7 +30,9 @@ from pulse import rerun as service
 from pulse import tasks
 from pulse.errors import TaskNotFound
 from pulse.rerun import Rerun, RerunBulk
-from pulse.runtime import installed_hub
+
+if TYPE_CHECKING:
+    from pulse.runtime import PulseRuntime
 
 ACTION = Action.TASKS_RESOLVE.value
 TAGS = ["tasks"]
@@ -37,19 +42,19 @@ TAGS = ["tasks"]
     "Re-run a FAILED or CANCELLED task: back to WAITING with a new generation (note required)",
     body=Rerun, errors=[400, 403, 404, 409, 429], action=ACTION, tags=TAGS,
 )  # fmt: skip
-async def rerun_task(request: Request) -> Response:
+async def rerun_task(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, ACTION, request.path_params["ns"])
     assert principal.namespace_id is not None
     task_id = request.path_params["id"]
     audit_intent(request, service.ACTION, "task", task_id, principal.namespace_id)
-    ctx = request.app.state.ctx
+    ctx = rt.ctx
     body = decode(await read_body(request), Rerun, max_depth=ctx.settings.max_json_depth)
     view = await tasks.get_task(ctx.db, principal.namespace_id, task_id)
     if not principal.may_use_queue(view["queue"]):
         raise TaskNotFound()
     out = await service.rerun_task(
         ctx.db, principal.namespace_id, task_id, body, actor=principal.actor,
-        hub=installed_hub(ctx), request_id=request_id(request),
+        hub=rt.hub, request_id=request_id(request),
     )  # fmt: skip
     return json_response(out)
 
@@ -59,27 +64,27 @@ async def rerun_task(request: Request) -> Response:
     "time), in bounded batches; dry_run counts",
     body=RerunBulk, errors=[400, 403, 404], action=ACTION, tags=TAGS,
 )  # fmt: skip
-async def rerun_bulk(request: Request) -> Response:
+async def rerun_bulk(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, ACTION, request.path_params["ns"])
     assert principal.namespace_id is not None
     audit_intent(request, service.BULK_ACTION, "namespace", principal.namespace_id,
                  principal.namespace_id)  # fmt: skip
-    ctx = request.app.state.ctx
+    ctx = rt.ctx
     body = decode(await read_body(request), RerunBulk, max_depth=ctx.settings.max_json_depth)
     if principal.queues is not None and (body.queue is None or body.queue not in principal.queues):
         raise Forbidden("this key is limited to some queues: name an allowed queue")
     out = await service.rerun_bulk(
         ctx.db, principal.namespace_id, body, actor=principal.actor,
-        hub=installed_hub(ctx), request_id=request_id(request),
+        hub=rt.hub, request_id=request_id(request),
     )  # fmt: skip
     return json_response(out)
 
 
-def routes() -> list[Route]:
+def routes(rt: PulseRuntime) -> list[Route]:
     base = "/v1/namespaces/{ns}"
     return [
-        Route(f"{base}/tasks:retry", rerun_bulk, methods=["POST"]),
-        Route(f"{base}/tasks/{{id}}/retry", rerun_task, methods=["POST"]),
+        Route(f"{base}/tasks:retry", partial(rerun_bulk, rt), methods=["POST"]),
+        Route(f"{base}/tasks/{{id}}/retry", partial(rerun_task, rt), methods=["POST"]),
     ]
 
 

@@ -11,6 +11,9 @@ The rules live in :mod:`pulse.schedule_controls`; handlers decode, authorise and
 
 from __future__ import annotations
 
+from functools import partial
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,9 +28,11 @@ from orbit.http.openapi import api
 from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.types import Action, check_name
 from pulse import schedule_controls as service
-from pulse.runtime import installed_hub
+from pulse.hub import wake_queue
 from pulse.schedule_controls import BackfillBody, TriggerBody
-from pulse.tasks import call_hub
+
+if TYPE_CHECKING:
+    from pulse.runtime import PulseRuntime
 
 MANAGE = Action.SCHEDULES_MANAGE.value
 TAGS = ["schedules"]
@@ -42,10 +47,9 @@ def _ns(principal: Principal) -> bytes:
     return principal.namespace_id
 
 
-async def _wake(request: Request, namespace_id: bytes, queue_ids: frozenset[bytes]) -> None:
-    hub = installed_hub(_ctx(request))
+async def _wake(rt: PulseRuntime, namespace_id: bytes, queue_ids: frozenset[bytes]) -> None:
     for queue_id in sorted(queue_ids):
-        await call_hub(hub, "notify_new_work", namespace_id, queue_id)
+        await wake_queue(rt.hub, namespace_id, queue_id)
 
 
 async def _authorize(request: Request, action: str) -> tuple[Principal, str]:
@@ -61,7 +65,7 @@ async def _authorize(request: Request, action: str) -> tuple[Principal, str]:
     body=TriggerBody, responses={201: None, 200: None}, errors=[400, 403, 404, 429],
     action=MANAGE, idempotent=True, tags=TAGS,
 )  # fmt: skip
-async def trigger_schedule(request: Request) -> Response:
+async def trigger_schedule(rt: PulseRuntime, request: Request) -> Response:
     principal, name = await _authorize(request, service.TRIGGER_ACTION)
     ctx = _ctx(request)
     raw = await read_body(request)
@@ -77,7 +81,7 @@ async def trigger_schedule(request: Request) -> Response:
         allowed_queues=principal.queues,
     )
     if res.new_work is not None:
-        await _wake(request, _ns(principal), frozenset([res.new_work]))
+        await _wake(rt, _ns(principal), frozenset([res.new_work]))
     return reply_response(res.reply)
 
 
@@ -86,7 +90,7 @@ async def trigger_schedule(request: Request) -> Response:
     body=BackfillBody, responses={202: None}, errors=[400, 403, 404, 429], action=MANAGE,
     tags=TAGS,
 )  # fmt: skip
-async def backfill_schedule(request: Request) -> Response:
+async def backfill_schedule(rt: PulseRuntime, request: Request) -> Response:
     principal, name = await _authorize(request, service.BACKFILL_ACTION)
     ctx = _ctx(request)
     body = decode(await read_body(request), BackfillBody, max_depth=ctx.settings.max_json_depth)
@@ -99,7 +103,7 @@ async def backfill_schedule(request: Request) -> Response:
         request_id=request_id(request),
         allowed_queues=principal.queues,
     )
-    await _wake(request, _ns(principal), res.new_work)
+    await _wake(rt, _ns(principal), res.new_work)
     return json_response(res.answer, 202)
 
 
@@ -121,11 +125,11 @@ async def delete_schedule(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def routes() -> list[Route]:
+def routes(rt: PulseRuntime) -> list[Route]:
     base = "/v1/namespaces/{ns}/schedules/{name}"
     return [
-        Route(f"{base}/trigger", trigger_schedule, methods=["POST"]),
-        Route(f"{base}/backfill", backfill_schedule, methods=["POST"]),
+        Route(f"{base}/trigger", partial(trigger_schedule, rt), methods=["POST"]),
+        Route(f"{base}/backfill", partial(backfill_schedule, rt), methods=["POST"]),
         Route(base, delete_schedule, methods=["DELETE"]),
     ]
 

@@ -19,7 +19,8 @@ and lists/bulk cancel must name an allowed ``queue``.
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -38,12 +39,12 @@ from orbit.metrics import conflicts
 from orbit.pagination import parse_limit
 from orbit.types import Action, IdText
 from pulse import submit, tasks
-from pulse.batcher import SubmitBatches
 from pulse.errors import TaskNotFound
-from pulse.hub import Hub, Notifier
-from pulse.runtime import installed_hub
-from pulse.tasks import call_hub
+from pulse.hub import wake_queue
 from pulse.types import BatchSubmit, CancelBulk, Resolve, TaskListFilters, TaskState, TaskSubmit
+
+if TYPE_CHECKING:
+    from pulse.runtime import PulseRuntime
 
 TAGS = ["tasks"]
 
@@ -52,32 +53,18 @@ def _ctx(request: Request) -> AppContext:
     return request.app.state.ctx  # type: ignore[no-any-return]
 
 
-def _hub(request: Request) -> Notifier | None:
-    return installed_hub(_ctx(request))
-
-
 async def _body(request: Request, type_: type[Any]) -> Any:
     return decode(await read_body(request), type_, max_depth=_ctx(request).settings.max_json_depth)
 
 
-async def _wake(request: Request, namespace_id: bytes, queue_ids: frozenset[bytes]) -> None:
-    hub = _hub(request)
+async def _wake(rt: PulseRuntime, namespace_id: bytes, queue_ids: frozenset[bytes]) -> None:
     for queue_id in sorted(queue_ids):
-        await call_hub(hub, "notify_new_work", namespace_id, queue_id)
+        await wake_queue(rt.hub, namespace_id, queue_id)
 
 
 def _require_queue_filter(principal: Principal, queue: str | None) -> None:
     if principal.queues is not None and (queue is None or queue not in principal.queues):
         raise Forbidden("this key is limited to some queues: name an allowed queue")
-
-
-def _submit_batches(ctx: AppContext) -> SubmitBatches:
-    b = ctx.extras.get("pulse.submit_batches")
-    if not isinstance(b, SubmitBatches):
-        hub = installed_hub(ctx)
-        b = SubmitBatches(ctx.db, hub=hub if isinstance(hub, Hub) else None)
-        ctx.extras["pulse.submit_batches"] = b
-    return b
 
 
 async def _visible(request: Request, principal: Principal, task_id: str) -> dict[str, Any]:
@@ -94,7 +81,7 @@ async def _visible(request: Request, principal: Principal, task_id: str) -> dict
     errors=[400, 403, 404, 422, 429], action=Action.TASKS_SUBMIT.value, idempotent=True,
     tags=TAGS,
 )  # fmt: skip
-async def submit_task(request: Request) -> Response:
+async def submit_task(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, Action.TASKS_SUBMIT.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     audit_intent(request, submit.OPERATION, "task", None, principal.namespace_id)
@@ -103,7 +90,7 @@ async def submit_task(request: Request) -> Response:
     ctx = _ctx(request)
     idem = await idem_request(request)
     if idem is None:  # group-committed with the node's other single submits (pulse/batcher.py)
-        res = await _submit_batches(ctx).submit(
+        res = await rt.submit_batches.submit(
             principal.namespace_id,
             principal.application_id,
             submit.SingleSubmit(body, principal.actor, request_id(request)),
@@ -119,7 +106,7 @@ async def submit_task(request: Request) -> Response:
             request_id=request_id(request),
             retention_s=ctx.settings.idempotency_retention_s,
         )
-    await _wake(request, principal.namespace_id, res.new_work)
+    await _wake(rt, principal.namespace_id, res.new_work)
     return reply_response(res.reply)
 
 
@@ -127,7 +114,7 @@ async def submit_task(request: Request) -> Response:
     "Submit up to 1000 tasks in one transaction (per-item results)", body=BatchSubmit,
     errors=[400, 404, 422], action=Action.TASKS_SUBMIT.value, idempotent=True, tags=TAGS,
 )  # fmt: skip
-async def submit_tasks_batch(request: Request) -> Response:
+async def submit_tasks_batch(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, Action.TASKS_SUBMIT.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     audit_intent(request, submit.OPERATION, "task", None, principal.namespace_id)
@@ -144,7 +131,7 @@ async def submit_tasks_batch(request: Request) -> Response:
         request_id=request_id(request),
         retention_s=ctx.settings.idempotency_retention_s,
     )
-    await _wake(request, principal.namespace_id, res.new_work)
+    await _wake(rt, principal.namespace_id, res.new_work)
     if res.refused and not res.replayed:  # per-item 429s never reach the error handler
         conflicts(ctx.metrics).inc(res.refused, kind="quota_exceeded")
     return reply_response(res.reply)
@@ -234,7 +221,7 @@ async def list_attempts(request: Request) -> Response:
     responses={200: None, 202: None}, errors=[404, 409], action=Action.TASKS_CANCEL.value,
     tags=TAGS,
 )  # fmt: skip
-async def cancel_task(request: Request) -> Response:
+async def cancel_task(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, Action.TASKS_CANCEL.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     task_id = request.path_params["id"]
@@ -244,7 +231,7 @@ async def cancel_task(request: Request) -> Response:
         _ctx(request).db,
         principal.namespace_id,
         task_id,
-        hub=_hub(request),
+        hub=rt.hub,
         actor=principal.actor,
         request_id=request_id(request),
     )
@@ -255,7 +242,7 @@ async def cancel_task(request: Request) -> Response:
     "Cancel every matching task (owner_id, queue, kind), in bounded batches", body=CancelBulk,
     errors=[400, 403, 404], action=Action.TASKS_CANCEL.value, tags=TAGS,
 )  # fmt: skip
-async def cancel_tasks_bulk(request: Request) -> Response:
+async def cancel_tasks_bulk(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, Action.TASKS_CANCEL.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     audit_intent(
@@ -270,7 +257,7 @@ async def cancel_tasks_bulk(request: Request) -> Response:
         owner_id=body.owner_id,
         queue=body.queue,
         kind=body.kind,
-        hub=_hub(request),
+        hub=rt.hub,
         actor=principal.actor,
         request_id=request_id(request),
     )
@@ -281,7 +268,7 @@ async def cancel_tasks_bulk(request: Request) -> Response:
     "Resolve a NEEDS_REVIEW task: retry, succeed or fail (note required)", body=Resolve,
     errors=[400, 404, 409], action=Action.TASKS_RESOLVE.value, tags=TAGS,
 )  # fmt: skip
-async def resolve_task(request: Request) -> Response:
+async def resolve_task(rt: PulseRuntime, request: Request) -> Response:
     principal = await authorize(request, Action.TASKS_RESOLVE.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     task_id = request.path_params["id"]
@@ -294,21 +281,22 @@ async def resolve_task(request: Request) -> Response:
         task_id,
         body,
         actor=principal.actor,
-        hub=_hub(request),
+        hub=rt.hub,
         request_id=request_id(request),
     )
     return json_response(view)
 
 
-def routes() -> list[Route]:
+def routes(rt: PulseRuntime) -> list[Route]:
+    """Every task route; the submit, cancel and resolve handlers are bound to ``rt``."""
     base = "/v1/namespaces/{ns}"
     return [
-        Route(f"{base}/tasks", submit_task, methods=["POST"]),
+        Route(f"{base}/tasks", partial(submit_task, rt), methods=["POST"]),
         Route(f"{base}/tasks", list_tasks, methods=["GET"]),
-        Route(f"{base}/tasks:batch", submit_tasks_batch, methods=["POST"]),
-        Route(f"{base}/tasks:cancel", cancel_tasks_bulk, methods=["POST"]),
+        Route(f"{base}/tasks:batch", partial(submit_tasks_batch, rt), methods=["POST"]),
+        Route(f"{base}/tasks:cancel", partial(cancel_tasks_bulk, rt), methods=["POST"]),
         Route(f"{base}/tasks/{{id}}", get_task, methods=["GET"]),
         Route(f"{base}/tasks/{{id}}/attempts", list_attempts, methods=["GET"]),
-        Route(f"{base}/tasks/{{id}}/cancel", cancel_task, methods=["POST"]),
-        Route(f"{base}/tasks/{{id}}/resolve", resolve_task, methods=["POST"]),
+        Route(f"{base}/tasks/{{id}}/cancel", partial(cancel_task, rt), methods=["POST"]),
+        Route(f"{base}/tasks/{{id}}/resolve", partial(resolve_task, rt), methods=["POST"]),
     ]

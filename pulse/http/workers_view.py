@@ -12,6 +12,9 @@ live in :mod:`pulse.workers_view`; a close also ends the session's stream on thi
 
 from __future__ import annotations
 
+from functools import partial
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,9 +28,11 @@ from orbit.pagination import parse_limit
 from orbit.types import Action
 from pulse import workers_view as service
 from pulse.hub import CLOSE_SESSION_GONE
-from pulse.runtime import hub_of
 
 READ = Action.TASKS_READ.value
+if TYPE_CHECKING:
+    from pulse.runtime import PulseRuntime
+
 MANAGE = Action.QUEUES_MANAGE.value
 TAGS = ["workers"]
 
@@ -67,19 +72,18 @@ async def list_workers(request: Request) -> Response:
     "(retried when retry_safe, else NEEDS_REVIEW); idempotent",
     errors=[403, 404], action=MANAGE, tags=TAGS,
 )  # fmt: skip
-async def close_worker(request: Request) -> Response:
+async def close_worker(rt: PulseRuntime, request: Request) -> Response:
     sid = request.path_params["sid"]
     principal = await authorize(request, MANAGE, request.path_params["ns"])
     assert principal.namespace_id is not None
     if principal.queues is not None:
         raise Forbidden("a key limited to some queues may not close worker sessions")
     audit_intent(request, "workers.close", "worker_session", sid, principal.namespace_id)
-    ctx = request.app.state.ctx
     answer, ended = await service.close_worker(
-        ctx.db, principal.namespace_id, sid, actor=principal.actor,
+        rt.db, principal.namespace_id, sid, actor=principal.actor,
         request_id=request_id(request),
     )  # fmt: skip
-    hub = hub_of(ctx)
+    hub = rt.hub
     for attempt_id in ended:
         hub.forget(attempt_id)
     if answer.state == "CLOSED":
@@ -92,11 +96,11 @@ async def close_worker(request: Request) -> Response:
     return json_response(answer)
 
 
-def routes() -> list[Route]:
+def routes(rt: PulseRuntime) -> list[Route]:
     base = "/v1/namespaces/{ns}/workers"
     return [
         Route(base, list_workers, methods=["GET"]),
-        Route(f"{base}/{{sid}}/close", close_worker, methods=["POST"]),
+        Route(f"{base}/{{sid}}/close", partial(close_worker, rt), methods=["POST"]),
     ]
 
 

@@ -12,18 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from platform_fixtures import PTenant, asgi_client, make_app, new_tenant
+from platform_fixtures import PTenant, asgi_client, make_app, new_tenant, pulse_weave_routes
 from starlette.applications import Starlette
 
 import orbit.http.subscriptions as sub_routes
-import pulse.http
-import weave.http
 from orbit.storage import Database
 
 
 @pytest.fixture(scope="module")
 def app(db: Database) -> Starlette:
-    return make_app(db, [*sub_routes.routes(), *pulse.http.routes(), *weave.http.routes()],
+    return make_app(db, lambda ctx: [*sub_routes.routes(), *pulse_weave_routes(ctx)],
                     body_timeout_s=0.5)  # fmt: skip
 
 

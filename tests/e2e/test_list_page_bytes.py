@@ -9,9 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-from platform_fixtures import add_key, asgi_client, bearer, make_app, new_tenant
+from platform_fixtures import add_key, asgi_client, bearer, make_app, new_tenant, pulse_routes
 
-import pulse.http
 from orbit import events
 from orbit.events import ResultSnapshot
 from orbit.ids import new_id
@@ -23,7 +22,7 @@ BLOB = "x" * 3_000  # a payload or result of ~3 KB: three fit a page, a fourth d
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(db, pulse.http.routes(), max_page_bytes=BUDGET)
+    app = make_app(db, pulse_routes, max_page_bytes=BUDGET)
     async with asgi_client(app) as c:
         yield c
 
@@ -105,7 +104,7 @@ async def test_list_bytes_are_budgeted_per_application(db: Database) -> None:
     """A tenant reading big pages in a loop kept the node busy encoding them while every
     other tenant waited; now each application has a budget of list bytes per node (429
     ``rate_limited`` past it, having read nothing), and small pages cost next to nothing."""
-    app = make_app(db, pulse.http.routes(), max_page_bytes=BUDGET, list_bytes_per_s=1,
+    app = make_app(db, pulse_routes, max_page_bytes=BUDGET, list_bytes_per_s=1,
                    list_bytes_burst=20_000)  # fmt: skip
     async with asgi_client(app) as client:
         heavy, light = await new_tenant(db), await new_tenant(db)

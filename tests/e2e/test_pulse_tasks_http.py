@@ -12,27 +12,33 @@ from pulse_fixtures import Tenant, force_state
 
 import pulse.http
 from orbit.ids import id_hex
+from pulse.hub import Hub
+from pulse.runtime import PulseRuntime
 
 
-class FakeHub:
-    """Records the calls Pulse makes after commit."""
+class RecordingHub(Hub):
+    """The node's hub, recording the calls Pulse makes after commit."""
 
     def __init__(self) -> None:
+        super().__init__("test-node")
         self.cancels: list[tuple[bytes, bytes, bytes]] = []
-        self.work: list[tuple[bytes, bytes]] = []
+        self.work: list[tuple[bytes | None, bytes | None]] = []
 
-    async def request_cancel(self, ns: bytes, task_id: bytes, attempt_id: bytes) -> None:
-        self.cancels.append((ns, task_id, attempt_id))
+    async def request_cancel(self, namespace_id: bytes, task_id: bytes, attempt_id: bytes) -> bool:
+        self.cancels.append((namespace_id, task_id, attempt_id))
+        return await super().request_cancel(namespace_id, task_id, attempt_id)
 
-    def notify_new_work(self, ns: bytes, queue_id: bytes) -> None:
-        self.work.append((ns, queue_id))
+    def notify_new_work(
+        self, namespace_id: bytes | None = None, queue_id: bytes | None = None
+    ) -> None:
+        self.work.append((namespace_id, queue_id))
+        super().notify_new_work(namespace_id, queue_id)
 
 
 @pytest.fixture
 async def http(db) -> Any:
-    app = make_app(db, pulse.http.routes())
-    hub = FakeHub()
-    app.state.ctx.extras["pulse.hub"] = hub
+    hub = RecordingHub()
+    app = make_app(db, lambda ctx: pulse.http.routes(PulseRuntime.build(ctx, hub=hub)))
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://orbit.test"
     ) as client:

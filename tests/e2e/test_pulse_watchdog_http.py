@@ -9,10 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from orbit_sdk import OrbitClient
-from platform_fixtures import make_app
+from platform_fixtures import make_app, pulse_routes
 from pulse_fixtures import Tenant, force_state
 
-import pulse.http
 from orbit.storage import Database, Tx
 from pulse.watchdog import surface_queue
 
@@ -21,7 +20,7 @@ BOUND_MS = 5_000
 
 @pytest.fixture
 async def http(db) -> Any:
-    app = make_app(db, pulse.http.routes())
+    app = make_app(db, pulse_routes)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://orbit.test"
     ) as client:

@@ -19,7 +19,7 @@ from pulse_fixtures import Tenant
 import pulse.http
 from orbit.context import AppContext
 from orbit.http.app import build_app
-from pulse import runtime
+from pulse.runtime import PulseRuntime
 from pulse.sessions import WorkerSettings
 
 
@@ -35,8 +35,10 @@ class Live:
     def __init__(self, db: Any) -> None:
         self.port = _free_port()
         self.ctx = AppContext(db=db, node_id=f"e2e-{self.port}")
-        runtime.install(self.ctx, WorkerSettings(dispatch_poll_ms=100, recovery_interval_ms=200))
-        self.app = build_app(self.ctx, pulse.http.routes())
+        self.runtime = PulseRuntime.build(
+            self.ctx, workers=WorkerSettings(dispatch_poll_ms=100, recovery_interval_ms=200)
+        )
+        self.app = build_app(self.ctx, pulse.http.routes(self.runtime))
         self.tasks: list[asyncio.Task[None]] = []
         self.server: uvicorn.Server | None = None
         self.stop_event = asyncio.Event()
@@ -57,7 +59,7 @@ class Live:
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.tasks.append(asyncio.create_task(self.server.serve()))
-        for loop in runtime.background_loops(self.ctx):  # the server's lifespan contract
+        for loop in self.runtime.loops():  # the server's lifespan contract
             self.tasks.append(asyncio.create_task(loop(self.stop_event)))
         for _ in range(300):
             if self.server.started:

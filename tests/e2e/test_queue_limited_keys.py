@@ -9,12 +9,18 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import websockets
-from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, new_tenant
+from platform_fixtures import (
+    PTenant,
+    add_key,
+    asgi_client,
+    bearer,
+    make_app,
+    new_tenant,
+    pulse_weave_routes,
+)
 from subscription_fixtures import LiveServer
 
 import orbit.http.subscriptions as sub_routes
-import pulse.http
-import weave.http
 from orbit.storage import Database
 
 ACTIONS = [
@@ -33,7 +39,7 @@ WORKFLOW = {
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(db, [*sub_routes.routes(), *pulse.http.routes(), *weave.http.routes()])
+    app = make_app(db, lambda ctx: [*sub_routes.routes(), *pulse_weave_routes(ctx)])
     async with asgi_client(app) as c:
         yield c
 

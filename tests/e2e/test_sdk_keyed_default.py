@@ -14,8 +14,6 @@ import pytest
 from orbit_sdk import TaskContext, Worker
 from sdk_server import Env, env_fixture, eventually, server_fixture, unique  # noqa: F401
 
-from pulse.runtime import hub_of
-
 
 async def test_a_default_worker_runs_keyed_tasks_with_their_fencing_token(env: Env) -> None:
     queue = unique("keyed")
@@ -61,7 +59,7 @@ async def test_keyed_work_submitted_after_the_worker_connected_is_logged_too(
 ) -> None:
     """The session was created with nothing keyed waiting; keyed work submitted later is told
     in a heartbeat answer (``keyed_waiting``, every ``keyed_check_ms``) and logged."""
-    hub = hub_of(env.server.ctx)
+    hub = env.server.node.pulse.hub
     saved = hub.settings
     hub.settings = dataclasses.replace(saved, keyed_check_ms=300)
     queue = unique("keyed")

@@ -35,7 +35,7 @@ import pulse.http
 from orbit.bootstrap import bootstrap
 from orbit.context import AppContext
 from orbit.http.app import build_app
-from pulse import runtime
+from pulse.runtime import PulseRuntime
 from pulse.sessions import WorkerSettings
 
 
@@ -63,18 +63,21 @@ class _Uvicorn(uvicorn.Server):
 async def server(db: Any) -> AsyncIterator[Server]:
     port = _free_port()
     ctx = AppContext(db=db, node_id=f"sdk-e2e-{port}")
-    runtime.install(ctx, WorkerSettings(dispatch_poll_ms=100, recovery_interval_ms=200))
-    app = build_app(ctx, pulse.http.routes())
+    rt = PulseRuntime.build(
+        ctx, workers=WorkerSettings(dispatch_poll_ms=100, recovery_interval_ms=200)
+    )
+    app = build_app(ctx, pulse.http.routes(rt))
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     uv = _Uvicorn(config)
     tasks = [asyncio.create_task(uv.serve())]
-    tasks += [asyncio.create_task(loop()) for loop in runtime.background_loops(ctx)]
+    stop = asyncio.Event()
+    tasks += [asyncio.create_task(loop(stop)) for loop in rt.loops()]
     try:
         async with asyncio.timeout(10):
             while not uv.started:  # noqa: ASYNC110 - uvicorn exposes only a flag
                 await asyncio.sleep(0.01)
         boot = await bootstrap(db, f"sdk-{secrets.token_hex(4)}", "sdk")
-        yield Server(f"http://127.0.0.1:{port}", boot.key, boot.namespace, runtime.hub_of(ctx))
+        yield Server(f"http://127.0.0.1:{port}", boot.key, boot.namespace, rt.hub)
     finally:
         uv.should_exit = True
         for t in tasks[1:]:

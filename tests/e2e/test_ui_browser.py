@@ -4,8 +4,7 @@ The browser is Debian's ``chromium`` driven by Playwright (``pip install playwri
 system browser, never ``playwright install``). The tests skip only when no browser or no
 Playwright can be found. Screenshots of every view land in ``reports/ui/``.
 
-The server is started as ``orbit-server`` with the console's routes added to its
-``ROUTE_MODULES`` when the composition root does not list them yet (a no-op once it does).
+The server is started as ``orbit-server`` (its composition root mounts the console).
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ TIMEOUT_MS = 15_000
 SERVER = r"""
 import sys
 import orbit_cmd.server as server
-if "orbit.http.ui" not in server.ROUTE_MODULES:
-    server.ROUTE_MODULES = (*server.ROUTE_MODULES, "orbit.http.ui")
 sys.exit(server.main(sys.argv[1:]))
 """
 

@@ -25,7 +25,15 @@ import httpx
 import pytest
 import uvicorn
 from orbit_sdk import TaskContext, Worker
-from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, new_tenant
+from platform_fixtures import (
+    PTenant,
+    add_key,
+    asgi_client,
+    bearer,
+    make_app,
+    new_tenant,
+    pulse_weave_routes,
+)
 
 import pulse.http
 import weave.http
@@ -33,10 +41,10 @@ from orbit.bootstrap import bootstrap
 from orbit.context import AppContext
 from orbit.http.app import build_app
 from orbit.storage import Database
-from pulse import runtime as pulse_runtime
+from pulse.runtime import PulseRuntime
 from pulse.sessions import WorkerSettings
-from weave import runtime as weave_runtime
 from weave.advancer import AdvancerSettings
+from weave.runtime import WeaveRuntime
 from weave.timers import TimerSettings
 
 EXAMPLE = (
@@ -58,7 +66,7 @@ DOC = {
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(db, [*pulse.http.routes(), *weave.http.routes()])
+    app = make_app(db, pulse_weave_routes)
     async with asgi_client(app) as c:
         yield c
 
@@ -252,17 +260,18 @@ async def server(db: Database) -> AsyncIterator[tuple[str, Any]]:
     """uvicorn serving the platform, Pulse and Weave, with every Pulse and Weave loop."""
     port = _free_port()
     ctx = AppContext(db=db, node_id=f"weave-e2e-{port}")
-    pulse_runtime.install(ctx, WorkerSettings(dispatch_poll_ms=50, recovery_interval_ms=200))
-    advancer = weave_runtime.install(ctx)
-    advancer.settings = AdvancerSettings(poll_s=0.05)
-    ctx.extras[weave_runtime.TIMERS_KEY].settings = TimerSettings(poll_s=0.05)
-    app = build_app(ctx, [*pulse.http.routes(), *weave.http.routes()])
+    prt = PulseRuntime.build(
+        ctx, workers=WorkerSettings(dispatch_poll_ms=50, recovery_interval_ms=200)
+    )
+    wrt = WeaveRuntime.build(
+        ctx, prt, advancer=AdvancerSettings(poll_s=0.05), timers=TimerSettings(poll_s=0.05)
+    )
+    app = build_app(ctx, [*pulse.http.routes(prt), *weave.http.routes(wrt)])
     uv = _Uvicorn(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                  lifespan="off"))  # fmt: skip
     stop = asyncio.Event()
     tasks = [asyncio.create_task(uv.serve())]
-    tasks += [asyncio.create_task(loop()) for loop in pulse_runtime.background_loops(ctx)]
-    tasks += [asyncio.create_task(loop(stop)) for loop in weave_runtime.background_loops(ctx)]
+    tasks += [asyncio.create_task(loop(stop)) for loop in [*prt.loops(), *wrt.loops()]]
     try:
         async with asyncio.timeout(10):
             while not uv.started:  # noqa: ASYNC110 - uvicorn exposes only a flag

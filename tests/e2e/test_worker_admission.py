@@ -14,7 +14,7 @@ from test_pulse_worker_ws import Worker, open_session, stream_url
 from test_pulse_worker_ws import client as client  # fixtures
 from test_pulse_worker_ws import live as live
 
-from pulse.http.admission import ADMISSION_KEY, Admission, AdmissionSettings
+from pulse.http.admission import Admission, AdmissionSettings
 
 
 async def _closed_with(ws: websockets.ClientConnection, within: float) -> tuple[int, list[dict]]:
@@ -77,7 +77,7 @@ async def test_a_heartbeat_flood_closes_the_stream_with_1008(live, client, tenan
 
 
 async def test_a_frame_flood_closes_the_stream_with_1008(live, client, tenant) -> None:
-    live.ctx.extras[ADMISSION_KEY] = Admission(
+    live.runtime.admission = Admission(
         AdmissionSettings(frame_rate=10, frame_burst=50), metrics=live.ctx.metrics
     )
     t = await tenant()
@@ -152,7 +152,7 @@ async def test_a_stream_of_refused_frames_is_closed_with_1008(live, client, tena
     """Before: malformed frames and frames naming unknown attempts were answered one by one
     up to the frame budget (1,000 a second, some of them a database round each). A worker
     never sends those: past the error budget the stream is closed with 1008."""
-    live.ctx.extras[ADMISSION_KEY] = Admission(
+    live.runtime.admission = Admission(
         AdmissionSettings(error_rate=5, error_burst=20), metrics=live.ctx.metrics
     )
     t = await tenant()

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pymysql
 import pytest
-
 from orbit_cmd.devdb import (
     DevDatabase,
     DevDatabaseError,
@@ -26,6 +25,7 @@ from orbit_cmd.devdb import (
     start_dev_database,
     stop_dev_database,
 )
+
 from orbit.storage import DSN
 
 pytestmark = pytest.mark.timeout(60)

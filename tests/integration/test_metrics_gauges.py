@@ -15,7 +15,8 @@ from orbit.context import AppContext
 from orbit.delivery_loop import DeliveryHub, DeliveryLoop
 from orbit.http.app import build_app
 from orbit.storage import Database, Tx
-from pulse import queue_gauges, runtime
+from pulse import queue_gauges
+from pulse.runtime import PulseRuntime
 
 
 def _value(text: str, name: str, **labels: str) -> float | None:
@@ -32,9 +33,9 @@ async def test_a_scrape_needs_no_pool_connection(db: Database) -> None:
     small = await Database.connect(db.dsn, maxsize=1)
     try:
         ctx = AppContext(db=small)
-        runtime.install(ctx)
+        rt = PulseRuntime.build(ctx)
         DeliveryLoop(small, hub=DeliveryHub(), metrics=ctx.metrics)  # registers its gauges
-        app = build_app(ctx, pulse.http.routes())
+        app = build_app(ctx, pulse.http.routes(rt))
         held, release = asyncio.Event(), asyncio.Event()
 
         async def hold(tx: Tx) -> None:

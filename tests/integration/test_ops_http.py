@@ -14,12 +14,18 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, raw_query
+from platform_fixtures import (
+    PTenant,
+    add_key,
+    asgi_client,
+    bearer,
+    make_app,
+    pulse_weave_routes,
+    raw_query,
+)
 from pulse_fixtures import Tenant
 from pulse_worker_support import connect, open_session, task_row
 
-import pulse.http
-import weave.http
 from orbit.http import audit as audit_routes
 from orbit.http import subscription_delete
 from orbit.http import subscriptions as subscription_routes
@@ -36,9 +42,9 @@ from pulse.types import TaskSubmit
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(db, [
+    app = make_app(db, lambda ctx: [
         *subscription_routes.routes(), *subscription_delete.routes(), *audit_routes.routes(),
-        *pulse.http.routes(), *weave.http.routes(),
+        *pulse_weave_routes(ctx),
     ])  # fmt: skip
     async with asgi_client(app) as c:
         yield c

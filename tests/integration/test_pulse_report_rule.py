@@ -15,10 +15,9 @@ from datetime import timedelta
 
 import msgspec
 import pytest
-from platform_fixtures import asgi_client, bearer, make_app
+from platform_fixtures import asgi_client, bearer, make_app, pulse_routes
 from pulse_worker_support import check_invariants, connect, evidence_rows, open_session, task_row
 
-import pulse.http
 from orbit.errors import StaleToken, Unauthenticated
 from orbit.ids import id_hex, parse_id
 from pulse import attempts, sessions, wire
@@ -127,7 +126,7 @@ async def test_a_report_through_another_session_is_applied_while_the_lease_is_li
     conn = await connect(db, hub, old)
     _, aid, s = await _started(db, hub, t, conn)
     new, new_token = await open_session(db, t)
-    app = make_app(db, pulse.http.routes())
+    app = make_app(db, pulse_routes)
     async with asgi_client(app) as http:
         reply = await http.post(
             f"/v1/namespaces/{t.namespace}/attempts/{id_hex(aid)}/complete",
@@ -157,7 +156,7 @@ async def test_a_late_report_after_the_session_expired_is_kept_as_evidence(db, t
     assert (await task_row(db, t, task["id"]))["state"] == "NEEDS_REVIEW"
     with pytest.raises(Unauthenticated):  # the ended session opens nothing else
         await sessions.authenticate(db, t.namespace, token, id_hex(info.session_id))
-    app = make_app(db, pulse.http.routes())
+    app = make_app(db, pulse_routes)
     path = f"/v1/namespaces/{t.namespace}/attempts/{id_hex(aid)}"
     body = b'{"execution_token": "%s", "result": {"total": 10.50}}' % s.execution_token.encode()
     async with asgi_client(app) as http:

@@ -12,11 +12,18 @@ import httpx
 import msgspec
 import pytest
 from event_rows import raw_events
-from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, raw_query
+from platform_fixtures import (
+    PTenant,
+    add_key,
+    asgi_client,
+    bearer,
+    make_app,
+    pulse_routes,
+    raw_query,
+)
 from pulse_fixtures import Tenant
 from pulse_worker_support import check_invariants, connect, open_session, task_row
 
-import pulse.http
 from orbit.audit import Actor
 from orbit.ids import parse_id
 from orbit.storage import DSN, Database
@@ -29,7 +36,7 @@ from pulse.hub import Hub
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(make_app(db, pulse.http.routes())) as c:
+    async with asgi_client(make_app(db, pulse_routes)) as c:
         yield c
 
 

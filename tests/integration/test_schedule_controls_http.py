@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from platform_fixtures import PTenant, add_key, bearer, make_app, raw_query
+from platform_fixtures import PTenant, add_key, bearer, make_app, pulse_routes, raw_query
 from pulse_fixtures import Tenant
 from schedule_support import (  # noqa: F401 - sched_dsn_fixture, sdb_fixture: fixtures
     quiesce,
@@ -19,13 +19,12 @@ from schedule_support import (  # noqa: F401 - sched_dsn_fixture, sdb_fixture: f
     tenant,
 )
 
-import pulse.http
 from orbit.storage import DSN, Database
 
 
 @pytest.fixture
 async def http(sdb: Database, sched_dsn: DSN) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(sdb, pulse.http.routes())
+    app = make_app(sdb, pulse_routes)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://orbit.test"
     ) as client:

@@ -10,11 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from platform_fixtures import PTenant, add_key, bearer, make_app
+from platform_fixtures import PTenant, add_key, bearer, make_app, pulse_routes
 from pulse_fixtures import Tenant
 from schedule_support import isolated_dsn, quiesce, tenant
 
-import pulse.http
 from orbit.storage import DSN, Database
 from pulse.scheduler import Scheduler
 
@@ -35,7 +34,7 @@ async def sdb(sched_dsn: DSN) -> AsyncIterator[Database]:
 
 @pytest.fixture
 async def http(sdb: Database, sched_dsn: DSN) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(sdb, pulse.http.routes())
+    app = make_app(sdb, pulse_routes)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://orbit.test"
     ) as client:

@@ -12,11 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app
+from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, pulse_routes
 from pulse_fixtures import Tenant
 from pulse_worker_support import connect, open_session
 
-import pulse.http
 from orbit import events as orbit_events
 from orbit.ids import new_id, parse_id
 from orbit.storage import Database, Tx
@@ -28,7 +27,7 @@ from pulse.hub import Hub
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(make_app(db, pulse.http.routes())) as c:
+    async with asgi_client(make_app(db, pulse_routes)) as c:
         yield c
 
 

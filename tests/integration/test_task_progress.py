@@ -16,11 +16,10 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from platform_fixtures import asgi_client, make_app
+from platform_fixtures import asgi_client, make_app, pulse_routes
 from pulse_fixtures import Tenant
 from pulse_worker_support import connect, open_session, task_row
 
-import pulse.http
 from orbit.errors import InvalidRequest
 from orbit.ids import id_hex, parse_id
 from orbit.storage import Database
@@ -34,7 +33,7 @@ from pulse.progress import MAX_PROGRESS_BYTES, check_progress
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(make_app(db, pulse.http.routes())) as c:
+    async with asgi_client(make_app(db, pulse_routes)) as c:
         yield c
 
 

@@ -10,11 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from platform_fixtures import asgi_client, make_app
+from platform_fixtures import asgi_client, make_app, pulse_routes
 from pulse_fixtures import Tenant
 from pulse_worker_support import connect, open_session, task_row
 
-import pulse.http
 from orbit.ids import parse_id
 from orbit.storage import Database
 from pulse import attempts, wire
@@ -27,7 +26,7 @@ BOUNDS = {"min_delay_ms": 100, "max_delay_ms": 60_000, "max_multiplier": 3.0}
 
 @pytest.fixture(scope="module")
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(make_app(db, pulse.http.routes())) as c:
+    async with asgi_client(make_app(db, pulse_routes)) as c:
         yield c
 
 

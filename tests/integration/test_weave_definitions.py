@@ -10,13 +10,21 @@ from typing import Any
 import httpx
 import pytest
 from event_rows import raw_events
-from platform_fixtures import PTenant, add_key, asgi_client, bearer, make_app, new_tenant, unique
+from platform_fixtures import (
+    PTenant,
+    add_key,
+    asgi_client,
+    bearer,
+    make_app,
+    new_tenant,
+    pulse_weave_routes,
+    unique,
+)
 
 from orbit.audit import CLI_ACTOR
 from orbit.storage import Database, Tx
 from weave import definitions
 from weave.definition.model import TaskStep
-from weave.http import routes
 
 
 def doc(kind: str = "k", *extra: dict[str, Any]) -> dict[str, Any]:
@@ -25,7 +33,7 @@ def doc(kind: str = "k", *extra: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 async def client(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(make_app(db, routes())) as c:
+    async with asgi_client(make_app(db, pulse_weave_routes)) as c:
         yield c
 
 

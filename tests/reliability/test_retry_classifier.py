@@ -207,9 +207,8 @@ async def test_commit_lost_is_outcome_unknown_and_a_re_read_decides(
 async def test_outcome_unknown_over_http_is_503_with_retry_after(
     db: Database, tenant: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from platform_fixtures import asgi_client, make_app
+    from platform_fixtures import asgi_client, make_app, pulse_routes
 
-    import pulse.http
 
     t = await tenant()
     real_commit = aiomysql.Connection.commit
@@ -223,7 +222,7 @@ async def test_outcome_unknown_over_http_is_503_with_retry_after(
         await real_commit(self)
 
     monkeypatch.setattr(aiomysql.Connection, "commit", lossy_commit)
-    async with asgi_client(make_app(db, pulse.http.routes())) as c:
+    async with asgi_client(make_app(db, pulse_routes)) as c:
         armed["v"] = True
         r = await c.post(f"/v1/namespaces/{t.namespace}/tasks", headers=t.auth,
                          json={"queue": t.queue, "kind": "k", "dedup_key": "http-commit"})  # fmt: skip

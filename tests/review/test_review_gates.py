@@ -9,15 +9,14 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from event_rows import raw_events
-from platform_fixtures import make_app
+from platform_fixtures import make_app, pulse_routes
 
-import pulse.http
 from orbit.storage import Database, Tx
 
 
 @pytest.fixture
 async def http(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(db, pulse.http.routes())
+    app = make_app(db, pulse_routes)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://orbit.test") as client:
         yield client

@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from platform_fixtures import make_app
+from platform_fixtures import make_app, pulse_routes
 
-import pulse.http
 from orbit.idempotency import request_digest
 from orbit.storage import Database
 
@@ -27,7 +26,7 @@ def test_digest_keeps_numbers_beyond_double_precision() -> None:
 
 @pytest.fixture
 async def http(db: Database) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(db, pulse.http.routes())
+    app = make_app(db, pulse_routes)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://orbit.test") as client:
         yield client

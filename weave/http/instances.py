@@ -16,7 +16,8 @@ Instance responses carry ``ETag: "<control_revision>"``; control requests honour
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from functools import partial
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -35,10 +36,11 @@ from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.ids import id_hex
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
 from orbit.types import Action, check_name
-from pulse.hub import Notifier
-from pulse.runtime import installed_hub
-from weave import instances, runtime, signals
+from weave import instances, signals
 from weave.types import HistoryOut, InstanceOut, InstancePage, SignalBody, SignalOut, StartBody
+
+if TYPE_CHECKING:
+    from weave.runtime import WeaveRuntime
 
 TAGS = ["workflows"]
 MANAGE = Action.WORKFLOWS_MANAGE.value
@@ -57,10 +59,6 @@ class CancelBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 def _ctx(request: Request) -> AppContext:
     return request.app.state.ctx  # type: ignore[no-any-return]
-
-
-def _hub(request: Request) -> Notifier | None:
-    return installed_hub(_ctx(request))
 
 
 def _ns(principal: Principal) -> bytes:
@@ -91,14 +89,14 @@ def _instance_response(out: InstanceOut, status: int = 200) -> Response:
     body=StartBody, responses={201: InstanceOut, 200: InstanceOut},
     errors=[400, 404, 409, 422, 429], action=MANAGE, idempotent=True, tags=TAGS,
 )  # fmt: skip
-async def start_instance(request: Request) -> Response:
+async def start_instance(rt: WeaveRuntime, request: Request) -> Response:
     principal = await authorize(request, MANAGE, request.path_params["ns"])
     name = check_name(request.path_params["name"], "name")
     body = await decode_body(request, StartBody)
     ns_id = _ns(principal)
     audit_intent(request, instances.START, "workflow", name, ns_id)
     reply = await instances.start_instance(
-        _ctx(request).db, principal.actor, ns_id, name, body, hub=_hub(request),
+        _ctx(request).db, principal.actor, ns_id, name, body, hub=rt.pulse.hub,
         allowed_queues=principal.queues, request_id=request_id(request),
         idem=await idem_request(request),
     )  # fmt: skip
@@ -175,7 +173,7 @@ async def list_instances(request: Request) -> Response:
     body=SignalBody, responses={201: SignalOut, 200: SignalOut}, errors=[400, 404, 409, 422],
     action=SIGNAL, idempotent=True, tags=TAGS,
 )  # fmt: skip
-async def send_signal(request: Request) -> Response:
+async def send_signal(rt: WeaveRuntime, request: Request) -> Response:
     principal = await authorize(request, SIGNAL, request.path_params["ns"])
     name = check_name(request.path_params["signal"], "signal")
     body = await decode_body(request, SignalBody)
@@ -187,11 +185,11 @@ async def send_signal(request: Request) -> Response:
         request_id=request_id(request), idem=await idem_request(request),
     )  # fmt: skip
     if reply.status == 201 and not reply.replayed:
-        runtime.wake(_ctx(request))
+        rt.advancer.wake()
     return reply_response(reply)
 
 
-async def _control(request: Request, what: str) -> Response:
+async def _control(rt: WeaveRuntime, request: Request, what: str) -> Response:
     principal = await authorize(request, MANAGE, request.path_params["ns"])
     ns_id = _ns(principal)
     instance_id = request.path_params["id"]
@@ -211,11 +209,11 @@ async def _control(request: Request, what: str) -> Response:
         out = await instances.pause_instance(db, ns_id, instance_id, **common)
     elif what == "resume":
         await read_body(request)
-        out = await instances.resume_instance(db, ns_id, instance_id, hub=_hub(request), **common)
+        out = await instances.resume_instance(db, ns_id, instance_id, hub=rt.pulse.hub, **common)
     else:
         body = decode_optional(await read_body(request), CancelBody, CancelBody())
         out = await instances.cancel_instance(
-            db, ns_id, instance_id, hub=_hub(request), reason=body.reason, **common
+            db, ns_id, instance_id, hub=rt.pulse.hub, reason=body.reason, **common
         )
     return _instance_response(out)
 
@@ -224,16 +222,16 @@ async def _control(request: Request, what: str) -> Response:
     "Pause an instance (events meanwhile become pending advances)",
     responses={200: InstanceOut}, errors=[404, 409, 412], action=MANAGE, etag=True, tags=TAGS,
 )  # fmt: skip
-async def pause_instance(request: Request) -> Response:
-    return await _control(request, "pause")
+async def pause_instance(rt: WeaveRuntime, request: Request) -> Response:
+    return await _control(rt, request, "pause")
 
 
 @api(
     "Resume a paused instance (applies its pending advances in order)",
     responses={200: InstanceOut}, errors=[404, 409, 412], action=MANAGE, etag=True, tags=TAGS,
 )  # fmt: skip
-async def resume_instance(request: Request) -> Response:
-    return await _control(request, "resume")
+async def resume_instance(rt: WeaveRuntime, request: Request) -> Response:
+    return await _control(rt, request, "resume")
 
 
 @api(
@@ -241,19 +239,23 @@ async def resume_instance(request: Request) -> Response:
     body=CancelBody, responses={200: InstanceOut}, errors=[404, 409, 412], action=MANAGE,
     etag=True, tags=TAGS,
 )  # fmt: skip
-async def cancel_instance(request: Request) -> Response:
-    return await _control(request, "cancel")
+async def cancel_instance(rt: WeaveRuntime, request: Request) -> Response:
+    return await _control(rt, request, "cancel")
 
 
-def routes() -> list[BaseRoute]:
+def routes(rt: WeaveRuntime) -> list[BaseRoute]:
     base = "/v1/namespaces/{ns}/instances"
     return [
-        Route("/v1/namespaces/{ns}/workflows/{name}/instances", start_instance, methods=["POST"]),
+        Route(
+            "/v1/namespaces/{ns}/workflows/{name}/instances",
+            partial(start_instance, rt),
+            methods=["POST"],
+        ),
         Route(base, list_instances, methods=["GET"]),
         Route(f"{base}/{{id}}", get_instance, methods=["GET"]),
         Route(f"{base}/{{id}}/history", get_history, methods=["GET"]),
-        Route(f"{base}/{{id}}/signals/{{signal}}", send_signal, methods=["POST"]),
-        Route(f"{base}/{{id}}/pause", pause_instance, methods=["POST"]),
-        Route(f"{base}/{{id}}/resume", resume_instance, methods=["POST"]),
-        Route(f"{base}/{{id}}/cancel", cancel_instance, methods=["POST"]),
+        Route(f"{base}/{{id}}/signals/{{signal}}", partial(send_signal, rt), methods=["POST"]),
+        Route(f"{base}/{{id}}/pause", partial(pause_instance, rt), methods=["POST"]),
+        Route(f"{base}/{{id}}/resume", partial(resume_instance, rt), methods=["POST"]),
+        Route(f"{base}/{{id}}/cancel", partial(cancel_instance, rt), methods=["POST"]),
     ]
