@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from orbit.http.tenancy import TenantHints
 from orbit.metrics import Registry
 from orbit.settings import Settings
 from orbit.storage import Database
@@ -32,5 +33,7 @@ class AppContext:
     settings: Settings = field(default_factory=Settings)
     metrics: Registry = field(default_factory=Registry)
     node_id: str = field(default_factory=default_node_id)
-    #: The platform's per-process caches (tenancy hints, readiness, OpenAPI document).
+    #: Which application a bearer token was last seen for (the pool's fair share).
+    tenant_hints: TenantHints = field(default_factory=TenantHints)
+    #: The platform's per-process caches (readiness, OpenAPI document, subscription streams).
     extras: dict[str, Any] = field(default_factory=dict)

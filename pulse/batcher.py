@@ -40,6 +40,7 @@ from orbit.storage import OutcomeUnknown
 
 if TYPE_CHECKING:
     from pulse.heartbeat_round import HeartbeatItem
+    from pulse.hub import Hub
 
 log = logging.getLogger("pulse.batcher")
 
@@ -273,7 +274,7 @@ class SubmitBatches:
         *,
         max_batch: int | None = None,
         enabled: bool | None = None,
-        hub: Any = None,
+        hub: Hub | None = None,
     ):
         from pulse import submit
         from pulse.submit_offer import IdleOffer

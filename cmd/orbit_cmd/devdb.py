@@ -33,8 +33,6 @@ import hashlib
 import logging
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,10 +57,16 @@ from orbit_cmd.devdb_host import (
     cmdline,
     dev_dsn_default,
     find_server_binaries,
+    free_port,
+    log_tail,
     ping,
+    port_free,
     pymysql_kwargs,
+    run_as_root,
+    run_logged,
     server_reachable,
     servers_on,
+    spawn,
     stop_pid,
 )
 
@@ -184,90 +188,19 @@ def _query_one(dsn: DSN, sql: str, *, with_database: bool = False) -> object:
         conn.close()
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _choose_port(layout: _Layout) -> int:
     with contextlib.suppress(OSError, ValueError):
         port = int(layout.port_file.read_text().strip())
-        if 1024 <= port < 65536 and _port_free(port):
+        if 1024 <= port < 65536 and port_free(port):
             return port
-    return _free_port()
-
-
-def _tail(path: Path, start: int = 0, lines: int = 15) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(start)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _run_as_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def _spawn(cmd: list[str], log_path: Path | None) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` detached from our stdio (and from the terminal's signals).
-
-    subprocess.Popen rather than asyncio's subprocess: the server must be stoppable from
-    code without an event loop (:meth:`DevDatabase.stop_sync`). Fork+exec is quick.
-    """
-    if log_path is None:
-        return subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    with log_path.open("wb") as out:
-        return subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-async def _run(cmd: list[str], log_path: Path, deadline: float) -> int:
-    """Run a short command with its output in ``log_path``; kill it past ``deadline`` or on cancel."""
-    proc = _spawn(cmd, log_path)
-    try:
-        while proc.poll() is None:
-            if time.monotonic() >= deadline:
-                raise DevDatabaseError(
-                    f"{Path(cmd[0]).name} did not finish in time (log: {log_path})"
-                )
-            await asyncio.sleep(0.05)
-        return proc.returncode
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    return free_port()
 
 
 async def _initialise(bins: ServerBinaries, layout: _Layout, deadline: float) -> None:
     """Create a fresh datadir with root@localhost/127.0.0.1 and no password."""
     # A datadir without the marker is a half-done earlier initialisation.
     await asyncio.to_thread(shutil.rmtree, layout.datadir, ignore_errors=True)
-    user = ["--user=root"] if _run_as_root() else []
+    user = ["--user=root"] if run_as_root() else []
     if bins.install_db is not None:
         cmd = [
             str(bins.install_db),
@@ -286,11 +219,11 @@ async def _initialise(bins: ServerBinaries, layout: _Layout, deadline: float) ->
             *user,
         ]
     log.info("initialising the dev database in %s", layout.datadir)
-    rc = await _run(cmd, layout.install_log, deadline)
+    rc = await run_logged(cmd, layout.install_log, deadline)
     if rc != 0:
         raise DevDatabaseError(
             f"{Path(cmd[0]).name} failed with exit code {rc} (log: {layout.install_log}):\n"
-            + _tail(layout.install_log)
+            + log_tail(layout.install_log)
         )
     await asyncio.to_thread(layout.marker.write_text, bins.version + "\n")
 
@@ -312,7 +245,7 @@ def _server_command(bins: ServerBinaries, layout: _Layout, port: int) -> list[st
         cmd.append("--skip-name-resolve")  # root@127.0.0.1 exists; no DNS look-ups
     else:
         cmd += ["--mysqlx=OFF", "--skip-log-bin"]  # no second port; no binlog (trigger rules)
-    if _run_as_root():
+    if run_as_root():
         cmd.append("--user=root")
     return cmd
 
@@ -450,7 +383,7 @@ async def _start_server(
         cmd = _server_command(bins, layout, port)
         log.info("starting the dev database: %s", " ".join(cmd))
         # Own session: a Ctrl-C in the terminal reaches orbit-server, which stops us cleanly.
-        proc = _spawn(cmd, None)
+        proc = spawn(cmd, None)
         CHILDREN[proc.pid] = proc
         dev = DevDatabase(
             dsn=DSN(user="root", password="", host="127.0.0.1", port=port, database=database),
@@ -472,7 +405,7 @@ async def _start_server(
                 "dev database ready at %s (pid %d, data in %s)", dev.dsn, dev.pid, dev.data_dir
             )
             return dev
-        tail = await asyncio.to_thread(_tail, layout.log_file, log_start)
+        tail = await asyncio.to_thread(log_tail, layout.log_file, log_start)
         if alive(proc.pid):
             await dev.stop(grace=10)
             raise DevDatabaseError(

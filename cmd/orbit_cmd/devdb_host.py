@@ -1,6 +1,6 @@
 """The host side of the private dev database (:mod:`orbit_cmd.devdb`): finding the installed
-server binaries, probing a DSN, and finding, signalling and stopping ``mariadbd``/``mysqld``
-processes by their ``--datadir``."""
+server binaries, probing a DSN, free loopback ports, spawning server processes with their log,
+and finding, signalling and stopping ``mariadbd``/``mysqld`` processes by their ``--datadir``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -244,3 +245,78 @@ def stop_pid(pid: int, grace: float) -> None:
                 time.sleep(0.05)
             return
         time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# Ports and processes
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, start: int = 0, lines: int = 15) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def spawn(cmd: list[str], log_path: Path | None) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` detached from our stdio (and from the terminal's signals).
+
+    subprocess.Popen rather than asyncio's subprocess: the server must be stoppable from
+    code without an event loop (:meth:`DevDatabase.stop_sync`). Fork+exec is quick.
+    """
+    if log_path is None:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    with log_path.open("wb") as out:
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def run_logged(cmd: list[str], log_path: Path, deadline: float) -> int:
+    """Run a short command with its output in ``log_path``; kill it past ``deadline`` or on cancel."""
+    proc = spawn(cmd, log_path)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() >= deadline:
+                raise DevDatabaseError(
+                    f"{Path(cmd[0]).name} did not finish in time (log: {log_path})"
+                )
+            await asyncio.sleep(0.05)
+        return proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -89,7 +89,7 @@ async def _authenticate(
         ctx.metrics.counter("orbit_auth_failures_total", "Requests rejected with 401", ()).inc()
         raise
     _state(conn)["principal"] = principal
-    enter_application(ctx.extras, principal.application_id, bearer_key(conn))
+    enter_application(ctx.tenant_hints, principal.application_id, bearer_key(conn))
     return principal, ns_id
 
 

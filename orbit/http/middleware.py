@@ -100,7 +100,7 @@ class RequestContextMiddleware:
         incoming = _header(scope, b"x-request-id")
         rid = incoming if incoming and _REQUEST_ID.fullmatch(incoming) else id_hex(new_id())
         scope.setdefault("state", {})["request_id"] = rid
-        enter_provisional(scope, self.ctx.extras)  # fair share of the pool, by tenant
+        enter_provisional(scope, self.ctx.tenant_hints)  # fair share of the pool, by tenant
         if scope["type"] == "websocket":
             await self.app(scope, receive, send)
             return

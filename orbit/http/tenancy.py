@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Any
 
 from starlette.types import Scope
 
@@ -25,7 +24,25 @@ from orbit.storage.fairness import enter_tenant
 UNKNOWN = ("unknown",)
 #: Token digests remembered at most.
 MAX_HINTS = 100_000
-_HINTS_KEY = "orbit.tenancy.hints"
+
+
+class TenantHints:
+    """This node's token digest → application hints (bounded, least recently seen dropped
+    first); one per process, on :attr:`orbit.context.AppContext.tenant_hints`."""
+
+    __slots__ = ("_hints",)
+
+    def __init__(self) -> None:
+        self._hints: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def get(self, token_id: bytes) -> bytes | None:
+        return self._hints.get(token_id)
+
+    def remember(self, token_id: bytes, application_id: bytes) -> None:
+        self._hints[token_id] = application_id
+        self._hints.move_to_end(token_id)
+        if len(self._hints) > MAX_HINTS:
+            self._hints.popitem(last=False)
 
 
 def application_tenant(application_id: bytes) -> tuple[str, bytes]:
@@ -50,32 +67,19 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
-def _hints(extras: dict[str, Any]) -> OrderedDict[bytes, bytes]:
-    hints = extras.get(_HINTS_KEY)
-    if not isinstance(hints, OrderedDict):
-        hints = extras[_HINTS_KEY] = OrderedDict()
-    return hints
-
-
-def enter_provisional(scope: Scope, extras: dict[str, Any]) -> None:
+def enter_provisional(scope: Scope, hints: TenantHints) -> None:
     """Set the running task's tenant from the request's bearer token (see the docstring)."""
     token = _bearer(scope)
     token_id = _token_id(token) if token else None
-    app = _hints(extras).get(token_id) if token_id else None
+    app = hints.get(token_id) if token_id else None
     enter_tenant(application_tenant(app) if app is not None else UNKNOWN)
 
 
-def enter_application(
-    extras: dict[str, Any], application_id: bytes, token: str | None = None
-) -> None:
+def enter_application(hints: TenantHints, application_id: bytes, token: str | None = None) -> None:
     """The request's key or session token was verified: its work is for ``application_id``
     from now on; remember the token's id → application hint."""
     enter_tenant(application_tenant(application_id))
     token_id = _token_id(token) if token else None
     if token_id is None:
         return
-    hints = _hints(extras)
-    hints[token_id] = application_id
-    hints.move_to_end(token_id)
-    if len(hints) > MAX_HINTS:
-        hints.popitem(last=False)
+    hints.remember(token_id, application_id)

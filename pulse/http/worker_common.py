@@ -50,7 +50,7 @@ async def session_of(
     except OrbitError:
         count_auth_failure(rt)
         raise
-    enter_application(rt.ctx.extras, info.application_id, token)  # fair share, by tenant
+    enter_application(rt.ctx.tenant_hints, info.application_id, token)  # fair share, by tenant
     return info
 
 
