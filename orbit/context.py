@@ -12,17 +12,30 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orbit.http.tenancy import TenantHints
 from orbit.metrics import Registry
 from orbit.settings import Settings
 from orbit.storage import Database
 
+if TYPE_CHECKING:
+    from orbit.http.ops import Readiness
+
 
 def default_node_id() -> str:
     """``<host>:<pid>``: names this process in logs, metrics and worker sessions."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(slots=True)
+class OpsCache:
+    """The operations routes' per-process answers: /readyz's last result and until when it
+    holds (monotonic seconds), and the encoded /openapi.json."""
+
+    readiness: Readiness | None = None
+    readiness_until: float = 0.0
+    openapi: bytes | None = None
 
 
 @dataclass
@@ -35,5 +48,7 @@ class AppContext:
     node_id: str = field(default_factory=default_node_id)
     #: Which application a bearer token was last seen for (the pool's fair share).
     tenant_hints: TenantHints = field(default_factory=TenantHints)
-    #: The platform's per-process caches (readiness, OpenAPI document, subscription streams).
+    ops: OpsCache = field(default_factory=OpsCache)
+    #: The platform's remaining per-process objects under string keys (subscription streams,
+    #: the delivery hub, the list-bytes budget).
     extras: dict[str, Any] = field(default_factory=dict)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -66,13 +65,12 @@ async def healthz(request: Request) -> Response:
 )  # fmt: skip
 async def readyz(request: Request) -> Response:
     ctx: AppContext = request.app.state.ctx
-    cache: dict[str, Any] = ctx.extras.setdefault("orbit.readiness", {})
-    now = time.monotonic()
-    if cache.get("until", 0.0) > now:
-        result: Readiness = cache["result"]
+    cache, now = ctx.ops, time.monotonic()
+    if cache.readiness is not None and cache.readiness_until > now:
+        result = cache.readiness
     else:
         result = await check_readiness(ctx)
-        cache.update(result=result, until=now + READINESS_TTL_S)
+        cache.readiness, cache.readiness_until = result, now + READINESS_TTL_S
     if result.status != "ready":
         raise NotReady(
             "not ready: " + "; ".join(result.problems), retry_after=1, problems=result.problems
@@ -89,10 +87,10 @@ async def metrics(request: Request) -> Response:
 
 @api("This OpenAPI document", open=True, tags=["operations"])
 async def openapi(request: Request) -> Response:
-    cache: dict[str, Any] = request.app.state.ctx.extras.setdefault("orbit.openapi", {})
-    if "doc" not in cache:
-        cache["doc"] = msgspec.json.encode(openapi_document(request.app.routes, title="Orbit"))
-    return Response(cache["doc"], media_type="application/json")
+    cache = request.app.state.ctx.ops
+    if cache.openapi is None:
+        cache.openapi = msgspec.json.encode(openapi_document(request.app.routes, title="Orbit"))
+    return Response(cache.openapi, media_type="application/json")
 
 
 def routes() -> list[Route]:
