@@ -165,6 +165,7 @@ class StreamStats:
     max_unacked: int = 0  # high-water mark of unacked hand-outs
     released: int = 0  # deliveries given back when the connection ended
     throttled: int = 0  # hand-outs delayed for the application's byte budget
+    drain_waits: int = 0  # hand-outs delayed until the queued frames' bytes are sent
 
 
 @dataclass
@@ -233,7 +234,7 @@ class StreamConnection:
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=self.capacity)
         #: The byte budget of one hand-out, and of the frames queued and not yet sent.
         self.max_bytes = max_bytes
-        self._queued_bytes = 0
+        self._queued_bytes = 0  # bytes of the frames queued, not yet sent
         self._drained = asyncio.Event()
         #: The node's list-bytes budget and the application that pays for hand-outs.
         self.rate = rate
@@ -273,6 +274,7 @@ class StreamConnection:
         while True:
             while self._queued_bytes >= self.max_bytes:  # a slow reader: send what is queued
                 self._drained.clear()
+                self.stats.drain_waits += 1
                 await self._drained.wait()
             if self.rate is not None:  # the application's byte budget is in debt: wait
                 wait = self.rate[0].wait_s(self.rate[1])

@@ -238,6 +238,26 @@ async def test_a_stream_hands_out_in_budgets_and_loses_nothing(
     assert all(r.n <= PER_BUDGET for r in ranges)  # every hand-out within the budget
 
 
+async def test_a_stream_to_a_reader_that_stops_holds_about_two_budgets(
+    db: Database, server: LiveServer
+) -> None:
+    t = await make_tenant(db)
+    await _big_events(db, t, 200)  # 60 MiB of results
+    await _sub(db, t)
+    url = f"{server.ws_base}{_path(t)}/stream"
+    async with connect(url, additional_headers=t.auth, max_size=None, compression=None) as ws:
+        await ws.recv()  # the stream is serving; from now on the client reads nothing
+
+        async def waiting() -> Any:  # the feed waits for the queued frames to be sent
+            return next((c for c in server.streams if c.stats.drain_waits), None)
+
+        conn = await eventually(waiting)
+        queued = conn.queue.qsize()
+        assert MAX_PAGE_BYTES // BIG_BYTES <= queued <= 2 * PER_BUDGET + 1
+        assert conn._queued_bytes <= 2 * MAX_PAGE_BYTES + BIG_BYTES
+        assert conn.stats.leased < 200  # not the whole backlog
+
+
 # ----------------------------------------------------------------------------- byte rate
 
 
