@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from platform_fixtures import asgi_client, new_tenant
+from platform_fixtures import asgi_client, new_tenant, pulse_routes
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import pulse.http
 from orbit.context import AppContext
 from orbit.http.app import build_app
 from orbit.http.auth import authenticated
@@ -54,7 +53,7 @@ async def app(db: Database) -> AsyncIterator[tuple[httpx.AsyncClient, RequestSha
     )
     ctx.extras[SHARE_KEY] = share
     async with asgi_client(
-        build_app(ctx, [*pulse.http.routes(), Route("/test/hold", hold)])
+        build_app(ctx, [*pulse_routes(ctx), Route("/test/hold", hold)])
     ) as client:
         yield client, share, holds
 
