@@ -42,7 +42,7 @@ from pulse.errors import PulseError, QueueNotFound
 from pulse.scheduler import DEFAULT_BATCH, advance, load_timeline, render_dedup_key, timing_of
 from pulse.store import queues as queue_store
 from pulse.store import schedules as store
-from pulse.types import Name
+from pulse.types import NO_TRAILING_SPACE, Name
 
 #: Defaults of a PUT body (docs/api/schedules.md).
 DEFAULT_GRACE_MS = 60_000
@@ -75,13 +75,16 @@ class ScheduleNotFound(NotFound, PulseError):
 class ScheduleTask(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The task template of a schedule version (``task`` of a PUT body)."""
 
-    kind: Annotated[str, Meta(min_length=1, max_length=255)]
+    kind: Annotated[str, Meta(min_length=1, max_length=255, extra_json_schema=NO_TRAILING_SPACE)]
     payload: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
     priority: Annotated[int, Meta(ge=0, le=9)] = 0
-    pipeline_version: Annotated[str, Meta(max_length=64)] = ""
+    pipeline_version: Annotated[str, Meta(max_length=64, extra_json_schema=NO_TRAILING_SPACE)] = ""
     #: Dedup rule (additive): a template with ``{schedule}``, ``{fire_at}``,
     #: ``{fire_at_local}``, ``{version}``; None = no de-duplication beyond the occurrence.
-    dedup_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    dedup_key: (
+        Annotated[str, Meta(min_length=1, max_length=255, extra_json_schema=NO_TRAILING_SPACE)]
+        | None
+    ) = None
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     retry_safe: bool = False
     #: Deadline of each task, counted from its fire time (additive).

@@ -22,6 +22,11 @@ Limit = Annotated[int, Meta(ge=0, le=4_294_967_295)]
 BigLimit = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 
 
+#: The schema's statement of a refusal the submit and schedule checks make: a text that ends
+#: with a space is refused (the PAD SPACE collation would make "a" and "a " one identity).
+NO_TRAILING_SPACE = {"pattern": "(^|[^ ])$"}
+
+
 class TaskState(StrEnum):
     """States of a task (docs/api/tasks.md#states)."""
 
@@ -82,9 +87,12 @@ class TaskSubmit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """
 
     queue: Name
-    kind: Annotated[str, Meta(min_length=1, max_length=255)]
-    pipeline_version: Annotated[str, Meta(max_length=64)] = ""
-    dedup_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    kind: Annotated[str, Meta(min_length=1, max_length=255, extra_json_schema=NO_TRAILING_SPACE)]
+    pipeline_version: Annotated[str, Meta(max_length=64, extra_json_schema=NO_TRAILING_SPACE)] = ""
+    dedup_key: (
+        Annotated[str, Meta(min_length=1, max_length=255, extra_json_schema=NO_TRAILING_SPACE)]
+        | None
+    ) = None
     payload: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
     priority: Annotated[int, Meta(ge=0, le=9)] = 0
     delay_ms: Annotated[int, Meta(ge=0, le=10 * 365 * 86_400_000)] | None = None

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from pulse.types import NO_TRAILING_SPACE
+
 
 class InstanceState(StrEnum):
     """weave_instances.state (the paused flag is separate)."""
@@ -346,7 +348,10 @@ class StartBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     input: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
     version: Annotated[int, Meta(ge=1, le=4_294_967_295)] | None = None
-    business_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    business_key: (
+        Annotated[str, Meta(min_length=1, max_length=255, extra_json_schema=NO_TRAILING_SPACE)]
+        | None
+    ) = None
 
 
 class SignalBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
