@@ -4,7 +4,7 @@ The composition root (``cmd/orbit_cmd/server.py``) builds one :class:`AppContext
 and stores it on ``app.state.ctx``. Other packages keep their long-lived objects (dispatcher,
 connection hub, batches) in their own typed runtime built from it once
 (``pulse.runtime.PulseRuntime``, ``weave.runtime.WeaveRuntime``), so the platform never
-imports them; ``extras`` holds the platform's own per-process caches.
+imports them. The platform's own per-process objects are typed fields here.
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from orbit.delivery_loop import DeliveryHub
+from orbit.http.subscription_stream import StreamRegistry
 from orbit.http.tenancy import TenantHints
+from orbit.list_bytes import ListBytes
 from orbit.metrics import Registry
+from orbit.request_share import RequestShare, request_share_from_env
 from orbit.settings import Settings
 from orbit.storage import Database
 
@@ -49,6 +53,14 @@ class AppContext:
     #: Which application a bearer token was last seen for (the pool's fair share).
     tenant_hints: TenantHints = field(default_factory=TenantHints)
     ops: OpsCache = field(default_factory=OpsCache)
-    #: The platform's remaining per-process objects under string keys (subscription streams,
-    #: the delivery hub, the list-bytes budget).
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: Wakes this node's subscription consumers when their deliveries move.
+    delivery_hub: DeliveryHub = field(default_factory=DeliveryHub)
+    #: This node's subscription WebSockets and the options new ones take.
+    streams: StreamRegistry = field(default_factory=StreamRegistry)
+    #: The HTTP request fair share between tenants (None: ``ORBIT_HTTP_SLOTS=0``, none).
+    request_share: RequestShare | None = field(default_factory=request_share_from_env)
+    #: Each application's budget of list bytes on this node (from ``settings``).
+    list_bytes: ListBytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.list_bytes = ListBytes(self.settings.list_bytes_per_s, self.settings.list_bytes_burst)

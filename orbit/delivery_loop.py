@@ -12,7 +12,7 @@ hand-out: a subscription's storage grows with what is in flight, not with its ba
 
 Start it from the composition root::
 
-    loop = DeliveryLoop(ctx.db, hub=deliveries_hub(ctx), metrics=ctx.metrics)
+    loop = DeliveryLoop(ctx.db, hub=ctx.delivery_hub, metrics=ctx.metrics)
     task = asyncio.create_task(loop.run(stop_event))
 
 Tests call :meth:`DeliveryLoop.run_once` directly (with ``now`` to pin the clock).
@@ -38,8 +38,6 @@ from orbit.store import delivery_ranges as range_store
 from orbit.store import subscriptions as sub_store
 
 log = logging.getLogger("orbit.delivery_loop")
-
-HUB_KEY = "orbit.deliveries.hub"
 
 #: A delivery-loop round between full reads looks at the streams that moved this many
 #: seconds back (by the database clock): far more than a round takes, so a move committed
@@ -122,16 +120,6 @@ class DeliveryHub:
 
     def watching(self) -> Sequence[tuple[bytes, bytes]]:
         return list(self._events)
-
-
-def deliveries_hub(ctx: object) -> DeliveryHub:
-    """The process's DeliveryHub, kept in ``ctx.extras`` (created on first use)."""
-    extras: dict[str, object] = ctx.extras  # type: ignore[attr-defined]
-    hub = extras.get(HUB_KEY)
-    if not isinstance(hub, DeliveryHub):
-        hub = DeliveryHub()
-        extras[HUB_KEY] = hub
-    return hub
 
 
 def install_metrics(registry: Registry, db: Database) -> None:

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from orbit.errors import RateLimited
 from orbit.ratelimit import BucketMap, TokenBucket
-
-LIST_BYTES_KEY = "orbit.list_bytes"
 
 
 class ListBytes:
@@ -76,14 +73,3 @@ class ListBytes:
     def charge_for(self, application_id: bytes) -> Callable[[int], None]:
         """:meth:`charge` for one application (what list services take as ``charge``)."""
         return lambda nbytes: self.charge(application_id, nbytes)
-
-
-def list_bytes_of(ctx: Any) -> ListBytes:
-    """The node's :class:`ListBytes` (made on first use from ``ctx.settings``)."""
-    budget = ctx.extras.get(LIST_BYTES_KEY)
-    if not isinstance(budget, ListBytes):
-        settings = ctx.settings
-        budget = ctx.extras[LIST_BYTES_KEY] = ListBytes(
-            settings.list_bytes_per_s, settings.list_bytes_burst
-        )
-    return budget

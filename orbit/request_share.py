@@ -40,8 +40,6 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, fields
 
-SHARE_KEY = "orbit.request_share"
-
 
 @dataclass(frozen=True, slots=True)
 class ShareSettings:
@@ -194,11 +192,8 @@ class RequestShare:
         return len(queue) if queue is not None else 0
 
 
-def request_share_of(extras: dict[str, object]) -> RequestShare | None:
-    """The node's :class:`RequestShare` (made on first use from the environment); None
-    when ``ORBIT_HTTP_SLOTS`` is 0 (no fair share)."""
-    share = extras.get(SHARE_KEY)
-    if share is None:
-        settings = ShareSettings.from_env()
-        share = extras[SHARE_KEY] = RequestShare(settings) if settings.slots > 0 else False
-    return share if isinstance(share, RequestShare) else None
+def request_share_from_env(env: dict[str, str] | None = None) -> RequestShare | None:
+    """The node's :class:`RequestShare` from ``ORBIT_HTTP_*`` settings; None when
+    ``ORBIT_HTTP_SLOTS`` is 0 (no fair share)."""
+    settings = ShareSettings.from_env(env)
+    return RequestShare(settings) if settings.slots > 0 else None

@@ -24,7 +24,7 @@ from orbit.audit import CLI_ACTOR
 from orbit.bootstrap import bootstrap
 from orbit.context import AppContext
 from orbit.credentials import insert_credential
-from orbit.delivery_loop import DeliveryLoop, deliveries_hub
+from orbit.delivery_loop import DeliveryLoop
 from orbit.events import ResultSnapshot, append_result_events
 from orbit.http import subscriptions as sub_routes
 from orbit.http.app import build_app
@@ -138,12 +138,12 @@ class LiveServer:
 
     @property
     def streams(self) -> set[Any]:
-        return self.ctx.extras.setdefault("orbit.subscriptions.streams", set())  # type: ignore[no-any-return]
+        return self.ctx.streams.live  # type: ignore[return-value]
 
     async def start(self) -> LiveServer:
         self.ctx = AppContext(db=self.db)
         if self.options is not None:
-            self.ctx.extras[sub_routes.STREAM_OPTIONS_KEY] = self.options
+            self.ctx.streams.options = self.options
         config = uvicorn.Config(
             build_test_app(self.ctx),
             host="127.0.0.1",
@@ -157,7 +157,7 @@ class LiveServer:
         self._tasks.append(asyncio.create_task(self._server.serve()))
         loop = DeliveryLoop(
             self.db,
-            hub=deliveries_hub(self.ctx),
+            hub=self.ctx.delivery_hub,
             metrics=self.ctx.metrics,
             interval_s=self.loop_interval_s,
         )

@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute
 
 from orbit import logs, migrate
 from orbit.context import AppContext
-from orbit.delivery_loop import DeliveryLoop, deliveries_hub
+from orbit.delivery_loop import DeliveryLoop
 from orbit.http import audit, retention, subscription_delete, subscriptions, ui
 from orbit.http.app import build_app
 from orbit.idempotency_cleanup import IdempotencyCleanup
@@ -111,7 +111,7 @@ def routes(node: Node) -> list[BaseRoute]:
 def background_loops(node: Node) -> list[Loop]:
     """Every background loop of this node: the platform's, then Pulse's and Weave's."""
     ctx = node.ctx
-    delivery = DeliveryLoop(ctx.db, hub=deliveries_hub(ctx), metrics=ctx.metrics)
+    delivery = DeliveryLoop(ctx.db, hub=ctx.delivery_hub, metrics=ctx.metrics)
     return [
         IdempotencyCleanup(ctx).run,
         _metrics_refresh(ctx),

@@ -25,7 +25,6 @@ from orbit.http.auth import authorize
 from orbit.http.body import query_int
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
-from orbit.list_bytes import list_bytes_of
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
 from orbit.types import Action
 
@@ -59,7 +58,7 @@ async def list_events(request: Request) -> Response:
     ctx = request.app.state.ctx
     items, last, more = await page_result_events(
         ctx.db, principal.namespace_id, after, limit, principal.queues,
-        ctx.settings.max_page_bytes, list_bytes_of(ctx).charge_for(principal.application_id),
+        ctx.settings.max_page_bytes, ctx.list_bytes.charge_for(principal.application_id),
     )  # fmt: skip
     nxt = encode_cursor({"after_seq": last}) if more else None
     return json_response(

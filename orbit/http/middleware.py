@@ -40,7 +40,7 @@ from orbit.http.errors import error_bytes
 from orbit.http.tenancy import enter_provisional
 from orbit.ids import id_hex, new_id
 from orbit.metrics import HTTP_DURATION, HTTP_REQUESTS
-from orbit.request_share import QueueFull, RequestShare, request_share_of
+from orbit.request_share import QueueFull, RequestShare
 from orbit.storage.fairness import current_tenant
 
 log = logging.getLogger("orbit.http")
@@ -161,7 +161,7 @@ class RequestContextMiddleware:
                     error_bytes("unsupported_media_type", "request bodies are JSON: send Content-Type: application/json", {"content_type": content_type[:100]}),
                 )  # fmt: skip
                 return
-            share = request_share_of(self.ctx.extras)
+            share = self.ctx.request_share
             tenant = current_tenant.get()
             if share is None:
                 await self.app(scope, receive_wrapper, send_wrapper)

@@ -179,6 +179,15 @@ class StreamOptions:
     poll_s: float = 2.0
 
 
+@dataclass(slots=True)
+class StreamRegistry:
+    """The node's subscription WebSockets: the connections open now, and the options each
+    new one takes (tests shorten the timings)."""
+
+    live: set[StreamConnection] = field(default_factory=set)
+    options: StreamOptions = field(default_factory=lambda: StreamOptions())
+
+
 @dataclass
 class _Held:
     proof: str = field(repr=False)

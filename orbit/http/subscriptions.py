@@ -29,7 +29,7 @@ from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.credentials import Principal
 from orbit.deliveries import DeliveryOut, delivery_info, delivery_out
 from orbit.delivery_budget import handed_out_bytes
-from orbit.delivery_loop import DeliveryHub, deliveries_hub
+from orbit.delivery_loop import DeliveryHub
 from orbit.errors import InvalidRequest, NotFound
 from orbit.http.auditing import ACK_ACTION, NACK_ACTION, audit_intent, request_id
 from orbit.http.auth import authenticated, authorize
@@ -37,9 +37,8 @@ from orbit.http.body import decode_body, decode_optional, read_body
 from orbit.http.etag import etag, preconditions
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import idem_request, json_response, reply_response
-from orbit.http.subscription_stream import StreamConnection, StreamOptions
+from orbit.http.subscription_stream import StreamConnection
 from orbit.ids import parse_id
-from orbit.list_bytes import list_bytes_of
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
 from orbit.subscriptions import (
     CONSUME,
@@ -55,7 +54,6 @@ MAX_PULL = 500
 #: While a pull waits, it re-checks at least this often (wake-ups from this node come sooner).
 PULL_POLL_S = 0.25
 
-STREAM_OPTIONS_KEY = "orbit.subscriptions.stream_options"
 T = TypeVar("T")
 TAGS = ["subscriptions"]
 
@@ -100,7 +98,8 @@ class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _hub(conn: HTTPConnection) -> DeliveryHub:
-    return deliveries_hub(conn.app.state.ctx)
+    hub: DeliveryHub = conn.app.state.ctx.delivery_hub
+    return hub
 
 
 async def _authorize_either(conn: HTTPConnection, ns: str) -> Principal:
@@ -221,7 +220,7 @@ async def pull(request: Request) -> Response:
     ctx = request.app.state.ctx
     db = ctx.db
     sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
-    rate = list_bytes_of(ctx)
+    rate = ctx.list_bytes
     rate.check(p.application_id)  # 429 while earlier hand-outs are not paid for
     hub = _hub(request)
     wake = hub.watch(sub.namespace_id, sub.id)
@@ -323,22 +322,21 @@ async def stream(ws: WebSocket) -> None:
     ctx = ws.app.state.ctx
     sub = await subscriptions.get_subscription(ctx.db, _namespace(p), name, p.queues)
     await ws.accept()
-    options = ctx.extras.get(STREAM_OPTIONS_KEY)
+    streams = ctx.streams
     conn = StreamConnection(
         ws,
         ctx.db,
-        deliveries_hub(ctx),
+        ctx.delivery_hub,
         sub,
-        options if isinstance(options, StreamOptions) else None,
+        streams.options,
         max_bytes=ctx.settings.max_page_bytes,
-        rate=(list_bytes_of(ctx), p.application_id),
+        rate=(ctx.list_bytes, p.application_id),
     )
-    live = ctx.extras.setdefault("orbit.subscriptions.streams", set())
-    live.add(conn)
+    streams.live.add(conn)
     try:
         await conn.run()
     finally:
-        live.discard(conn)
+        streams.live.discard(conn)
 
 
 def routes() -> list[BaseRoute]:

@@ -34,7 +34,6 @@ from orbit.http.auth import authorize, check_queue
 from orbit.http.body import decode, read_body
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import idem_request, json_response, reply_response
-from orbit.list_bytes import list_bytes_of
 from orbit.metrics import conflicts
 from orbit.pagination import parse_limit
 from orbit.types import Action, IdText
@@ -183,7 +182,7 @@ async def list_tasks(request: Request) -> Response:
         cursor=q.get("cursor"),
         stuck=_parse_stuck(q.get("stuck")),
         max_bytes=_ctx(request).settings.max_page_bytes,
-        charge=list_bytes_of(_ctx(request)).charge_for(principal.application_id),
+        charge=_ctx(request).list_bytes.charge_for(principal.application_id),
     )
     return json_response(page)
 

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from orbit.context import AppContext
 from orbit.http.app import build_app
 from orbit.http.auth import authenticated
-from orbit.request_share import SHARE_KEY, RequestShare, ShareSettings
+from orbit.request_share import RequestShare, ShareSettings
 from orbit.settings import Settings
 from orbit.storage import Database
 
@@ -51,7 +51,7 @@ async def app(db: Database) -> AsyncIterator[tuple[httpx.AsyncClient, RequestSha
     share = RequestShare(
         ShareSettings(slots=SLOTS, tenant_queue=8, hold_s=3600, wait_s=3600, active_window_s=3600)
     )
-    ctx.extras[SHARE_KEY] = share
+    ctx.request_share = share
     async with asgi_client(
         build_app(ctx, [*pulse_routes(ctx), Route("/test/hold", hold)])
     ) as client:

@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 
 from orbit import deliveries, delivery_history, delivery_pump, subscriptions
 from orbit.audit import CLI_ACTOR
-from orbit.list_bytes import LIST_BYTES_KEY, ListBytes
+from orbit.list_bytes import ListBytes
 from orbit.pagination import MAX_PAGE_BYTES
 from orbit.storage import Database, Tx
 from orbit.store import delivery_ranges as range_store
@@ -264,7 +264,7 @@ async def test_a_stream_to_a_reader_that_stops_holds_about_two_budgets(
 def _slow_budget(server: LiveServer) -> None:
     """This node's list-bytes budget at 1 byte a second, bursts of 1 MiB: one hand-out of big
     results spends the burst, the next puts the application in debt for good."""
-    server.ctx.extras[LIST_BYTES_KEY] = ListBytes(1, 1024 * KIB)
+    server.ctx.list_bytes = ListBytes(1, 1024 * KIB)
 
 
 async def test_pulls_pay_from_the_applications_byte_rate(db: Database, server: LiveServer) -> None:
