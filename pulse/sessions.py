@@ -62,7 +62,9 @@ class WorkerSettings:
     offer_lease_ms: int = 10_000
     #: Longest long-poll wait (``?wait_ms=`` is capped to it).
     poll_max_wait_ms: int = 30_000
-    #: Tasks claimed per queue per dispatch transaction.
+    #: Accepted and ignored (kept so existing ``ORBIT_PULSE_DISPATCH_BATCH`` settings still
+    #: parse): the node's dispatch round offers each session up to its free slots, at most
+    #: 256 a pool per round (pulse/dispatch_round.py ``POOL_MAX_OFFERS``).
     dispatch_batch: int = 32
     #: Dispatcher polling interval across nodes (within a node, new work wakes it at once).
     dispatch_poll_ms: int = 250
