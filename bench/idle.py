@@ -42,7 +42,16 @@ from bench import ledger
 from bench.env import ScratchDatabase, Server, WorkerProcs
 from bench.fairness import make_owners
 from bench.lean_http import LeanClient
-from bench.scenarios import Results, Tenant, put_queue, put_subscription, settle
+from bench.scenarios import (
+    Results,
+    S1Config,
+    Tenant,
+    _finish_profile,
+    _start_profile,
+    put_queue,
+    put_subscription,
+    settle,
+)
 
 _ENC = msgspec.json.Encoder()
 
@@ -80,7 +89,8 @@ def _rates(led: dict[str, Any], seconds: float) -> dict[str, float | None]:
 
 async def s7(*, namespaces: int = 1000, processes: int = 4, settle_s: float = 10.0,
              window_s: float = 30.0, probe_limit_s: float = 300.0,
-             log_path: Path | None = None, tree: Path | None = None) -> dict[str, Any]:  # fmt: skip
+             log_path: Path | None = None, tree: Path | None = None,
+             profile: str | None = None) -> dict[str, Any]:  # fmt: skip
     queue = "idle"
     sub = "sub-idle"
     async with fresh_stack(log_path, tree) as (db, server, admin):
@@ -128,9 +138,11 @@ async def s7(*, namespaces: int = 1000, processes: int = 4, settle_s: float = 10
             s0 = server.sample()
             mark = await ledger.current().begin(s0.cpu_s)
             t0 = time.monotonic()
+            spy = _start_profile(server, S1Config(seconds=window_s, profile=profile))
             await asyncio.sleep(window_s)
             s1 = server.sample()
             closed = await ledger.current().end(mark, s1.cpu_s)
+            prof = await _finish_profile(spy)
             window = time.monotonic() - t0
             rss = s1.rss_kb
         finally:
@@ -153,6 +165,7 @@ async def s7(*, namespaces: int = 1000, processes: int = 4, settle_s: float = 10
         "server_rss_mb": round(rss / 1024, 1),
         "rates": _rates(led, window),
         "ledger": led,
+        "profile": prof,
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "subscriber_errors": [repr(r.error) for r in streams if r.error][:3],
         "worker_stderr_tail": [x[-500:] for x in tails if x.strip()][:2],

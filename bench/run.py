@@ -68,8 +68,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--s1-seconds", type=float, default=None)
     p.add_argument("--s8-events", type=int, default=1_000_000,
                    help="result events in S8's namespace before the subscription")  # fmt: skip
+    p.add_argument("--s7-namespaces", type=int, default=1000,
+                   help="idle namespaces in S7 (fewer for a quick look; the target is at 1,000)")  # fmt: skip
     p.add_argument("--no-write", action="store_true", help="print only")
-    p.add_argument("--profile", action="store_true", help="py-spy the server during S1 and S5")
+    p.add_argument("--profile", action="store_true",
+                   help="py-spy the server during S1, S5 and S7's window at rest")  # fmt: skip
     p.add_argument(
         "--dsn",
         default="private",
@@ -216,8 +219,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 "S8", idle.s8(events=args.s8_events, log_path=log_dir / "server-s8.log", tree=tree)
             )
         if "S7" in want:
-            raw["s7"] = await step("S7", idle.s7(log_path=log_dir / "server-s7.log", tree=tree,
-                                                 window_s=10.0 if quick else 30.0))  # fmt: skip
+            s7_profile = str(args.profile_stem("s7-server")) if args.profile else None
+            raw["s7"] = await step("S7", idle.s7(namespaces=args.s7_namespaces,
+                                                 log_path=log_dir / "server-s7.log", tree=tree,
+                                                 window_s=10.0 if quick else 30.0,
+                                                 profile=s7_profile))  # fmt: skip
     finally:
         if server is not None:
             await server.stop()
@@ -353,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 def _profiles(out: dict[str, Any]) -> list[dict[str, Any]]:
     raw = out.get("raw") or {}
     found = [report._get(raw, "s1", "profile"), report._get(raw, "s5", "owners_1", "profile"),
-             report._get(raw, "s5", "owners_100", "profile")]  # fmt: skip
+             report._get(raw, "s5", "owners_100", "profile"), report._get(raw, "s7", "profile")]  # fmt: skip
     return [f for f in found if isinstance(f, dict)]
 
 
