@@ -18,6 +18,13 @@ the batch has more than one item, each item is re-applied alone so one poisoned 
 fail the others (``isolate`` decides which errors allow that: never an unknown commit
 outcome, which must reach every caller). A single item gets the exception.
 
+An item may be submitted with a ``linger_s``: a round that would start with it waits that
+long (or until an item with an earlier deadline arrives, and never past any queued item's
+deadline) so that items arriving meanwhile join it. Heartbeats of idle sessions use it
+(:meth:`WorkerBatches.heartbeat`): they come on each session's own clock, spread out, and
+without a linger each would be its own locking transaction; with it a node of many idle
+sessions commits a few heartbeat rounds a second, whatever its number of sessions.
+
 Nothing here is durable or shared: the database stays the only coordinator. The queue is
 bounded (``max_pending`` items in total; :meth:`submit` waits for room: backpressure). A
 caller that stops waiting (cancelled) does not cancel its item: it may still be applied, as
@@ -27,6 +34,7 @@ any request whose reply is lost; receipts and fencing tokens make that safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -80,6 +88,7 @@ class _Entry(Generic[I, R]):
     item: I
     future: asyncio.Future[R]
     settled: bool = False
+    due: float = 0.0  # loop time by which a round must take it (its linger's end)
 
 
 class GroupCommit(Generic[K, I, R]):
@@ -103,6 +112,8 @@ class GroupCommit(Generic[K, I, R]):
         self.name = name
         self._queues: dict[K, deque[_Entry[I, R]]] = {}
         self._running: dict[K, asyncio.Task[None]] = {}
+        #: Rounds waiting out a linger: set to make them look at the deadlines again.
+        self._lingering: dict[K, asyncio.Event] = {}
         self._slots = asyncio.Semaphore(max_pending)
         self.stats = BatchStats()
 
@@ -110,11 +121,17 @@ class GroupCommit(Generic[K, I, R]):
         """Items queued or in flight."""
         return self.max_pending - self._slots._value  # a Semaphore keeps its count there
 
-    async def submit(self, key: K, item: I) -> R:
-        """Apply ``item`` with whatever else is queued for ``key``; its own outcome."""
+    async def submit(self, key: K, item: I, *, linger_s: float = 0.0) -> R:
+        """Apply ``item`` with whatever else is queued for ``key``; its own outcome. With
+        ``linger_s``, a round that starts with it waits up to that long for more items."""
         await self._slots.acquire()
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, deque()).append(_Entry(item, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        due = loop.time() + linger_s if linger_s > 0 else 0.0
+        self._queues.setdefault(key, deque()).append(_Entry(item, future, due=due))
+        kick = self._lingering.get(key)
+        if kick is not None:
+            kick.set()
         if key not in self._running:
             # A round is the node's work, for every tenant in it: it runs in a fresh context
             # (no tenant: the pool's fair gate does not charge it to whoever came first).
@@ -129,6 +146,7 @@ class GroupCommit(Generic[K, I, R]):
         batch: list[_Entry[I, R]] = []
         try:
             while queue:
+                await self._linger(key, queue)
                 batch = [queue.popleft() for _ in range(min(len(queue), self.max_batch))]
                 await self._run(key, batch)
                 batch = []
@@ -147,6 +165,22 @@ class GroupCommit(Generic[K, I, R]):
             del self._running[key]
             if not queue:
                 self._queues.pop(key, None)
+
+    async def _linger(self, key: K, queue: deque[_Entry[I, R]]) -> None:
+        """Wait until the earliest deadline of the queued items (at once when one has none),
+        or until a full batch is queued."""
+        loop = asyncio.get_running_loop()
+        while len(queue) < self.max_batch:
+            left = min(e.due for e in queue) - loop.time()
+            if left <= 0:
+                return
+            kick = self._lingering[key] = asyncio.Event()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await kick.wait()
+            finally:
+                del self._lingering[key]
 
     async def _run(self, key: K, batch: list[_Entry[I, R]]) -> None:
         self.stats.observe(len(batch))
@@ -200,6 +234,13 @@ class WorkerBatches:
 
     ``ORBIT_PULSE_GROUP_COMMIT=0`` turns batching off (every message its own transaction,
     for comparisons); ``ORBIT_PULSE_BATCH_MAX`` sets the largest round (64).
+
+    A heartbeat that lists no attempts (an idle session's keep-alive) lingers: its round
+    waits up to ``ORBIT_PULSE_HEARTBEAT_LINGER_MS`` (250), at most a twentieth of the
+    session's heartbeat interval, for the heartbeats of other sessions — the session's
+    lease (``lease_ms``, at least three heartbeat intervals) is extended that much later,
+    never shorter. Heartbeats that list attempts, and those over HTTP (the fallback, which
+    a client sends one at a time), are applied at once.
     """
 
     def __init__(
@@ -220,6 +261,9 @@ class WorkerBatches:
             max_batch = int(os.environ.get("ORBIT_PULSE_BATCH_MAX", "64"))
         self.enabled = enabled
         size = max_batch if enabled else 1
+        linger_ms = int(os.environ.get("ORBIT_PULSE_HEARTBEAT_LINGER_MS", "250"))
+        #: Longest linger of an idle session's heartbeat (seconds; 0 without batching).
+        self.heartbeat_linger_s = max(0, linger_ms) / 1000 if enabled else 0.0
         self.starts: GroupCommit[int, tuple[bytes, bytes, bytes], Any] = GroupCommit(
             lambda _group, items: start_round(db, items), max_batch=size, name="starts"
         )
@@ -242,18 +286,27 @@ class WorkerBatches:
         return await self.reports.submit(shard_group(namespace_id), (namespace_id, rep))
 
     async def heartbeat(
-        self, namespace_id: bytes, session_id: bytes, attempt_ids: Any, progress: Any = None
+        self,
+        namespace_id: bytes,
+        session_id: bytes,
+        attempt_ids: Any,
+        progress: Any = None,
+        *,
+        heartbeat_ms: int = 0,
     ) -> Any:
         """:func:`pulse.attempts.heartbeat`, in this node's next heartbeat round (raises
         :class:`~pulse.attempts.SessionGone` for its own session); ``progress``: checked
-        documents by attempt id (pulse/progress.py)."""
+        documents by attempt id (pulse/progress.py); ``heartbeat_ms``: the session's
+        heartbeat interval (an idle session's heartbeat lingers a twentieth of it, at most
+        :attr:`heartbeat_linger_s`; 0: none)."""
         ids = list(attempt_ids)
         item: HeartbeatItem = (
             (namespace_id, session_id, ids, progress)
             if progress
             else (namespace_id, session_id, ids)
         )
-        return await self.heartbeats.submit(shard_group(namespace_id), item)
+        linger = 0.0 if ids else min(self.heartbeat_linger_s, heartbeat_ms / 20_000)
+        return await self.heartbeats.submit(shard_group(namespace_id), item, linger_s=linger)
 
     async def close(self) -> None:
         await self.starts.close()

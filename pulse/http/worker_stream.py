@@ -259,7 +259,9 @@ class _StreamReader:
             # The round judges the session as a new request would (credential, application,
             # expiry): a refused one ends the stream.
             try:
-                result = await self.rt.batches.heartbeat(ns, sid, frame.attempt_ids, progress)
+                result = await self.rt.batches.heartbeat(
+                    ns, sid, frame.attempt_ids, progress, heartbeat_ms=self.info.heartbeat_ms
+                )
             except SessionGone as gone:
                 if gone.credential:
                     count_auth_failure(self.rt)

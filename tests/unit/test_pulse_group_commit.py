@@ -157,3 +157,29 @@ async def test_close_fails_queued_items_with_unknown_outcome() -> None:
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, OutcomeUnknown) for r in results)
     assert gc.pending() == 0
+
+
+async def test_a_lingering_item_waits_for_the_items_that_arrive_meanwhile() -> None:
+    rec = Recorder(delay=0.0)
+    gc: GroupCommit[str, str, str] = GroupCommit(rec, max_batch=64)
+    first = asyncio.create_task(gc.submit("ns", "a", linger_s=30.0))
+    await asyncio.sleep(0.01)
+    assert rec.batches == []  # still lingering
+    more = [asyncio.create_task(gc.submit("ns", f"i{k}", linger_s=30.0)) for k in range(3)]
+    await asyncio.sleep(0.01)
+    assert rec.batches == []
+    # An item without a linger ends the wait: everything queued goes in one round.
+    now = asyncio.create_task(gc.submit("ns", "now"))
+    assert await now == "ok:ns:now"
+    assert await first == "ok:ns:a"
+    await asyncio.gather(*more)
+    assert [b for _, b in rec.batches] == [["a", "i0", "i1", "i2", "now"]]
+
+
+async def test_a_linger_ends_at_its_deadline_or_when_a_batch_is_full() -> None:
+    rec = Recorder(delay=0.0)
+    gc: GroupCommit[str, str, str] = GroupCommit(rec, max_batch=3)
+    assert await gc.submit("ns", "a", linger_s=0.01) == "ok:ns:a"  # alone: after its linger
+    full = [asyncio.create_task(gc.submit("ns", f"f{k}", linger_s=30.0)) for k in range(3)]
+    await asyncio.gather(*full)  # a full batch does not wait out the linger
+    assert [b for _, b in rec.batches] == [["a"], ["f0", "f1", "f2"]]
