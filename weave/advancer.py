@@ -42,7 +42,8 @@ from orbit.metrics import Registry
 from orbit.storage import Database, Tx
 from orbit.store.clock import clock_now
 from pulse.hub import push_cancel, wake_queue
-from weave.engine import AfterCommit, Run
+from weave.engine import Run
+from weave.engine_core import AfterCommit
 from weave.inbox import apply_events, apply_pending
 from weave.store import inbox as inbox_store
 from weave.store import instances as instance_store

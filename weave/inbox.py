@@ -30,7 +30,8 @@ from orbit.business_json import enc_hook
 from orbit.ids import id_hex, new_id
 from orbit.storage import DuplicateKey, Tx
 from pulse import transitions
-from weave.engine import EngineBug, Run
+from weave.engine import Run
+from weave.engine_core import EngineBug
 from weave.store import activations as act_store
 from weave.store import inbox as store
 from weave.store import pending as pending_store

@@ -46,7 +46,8 @@ from weave.definition import jsonvalue
 from weave.definition.model import Definition, PollStep, TaskStep
 from weave.definition.valuetypes import conforms
 from weave.definitions import load_definition, resolve_version
-from weave.engine import EVENT_PAUSED, EVENT_RESUMED, EVENT_STARTED, AfterCommit, Run
+from weave.engine import Run
+from weave.engine_core import EVENT_PAUSED, EVENT_RESUMED, EVENT_STARTED, AfterCommit
 from weave.errors import InstanceNotFound, InstanceStateConflict
 from weave.inbox import apply_pending
 from weave.store import activations as act_store

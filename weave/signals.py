@@ -37,7 +37,7 @@ from orbit.store.clock import clock_now
 from orbit.times import format_time
 from orbit.types import check_name
 from weave.definition import jsonvalue
-from weave.engine import SUBJECT
+from weave.engine_core import SUBJECT
 from weave.errors import InstanceNotFound, InstanceStateConflict, SignalIdReused
 from weave.inbox import write_event
 from weave.store import instances as instance_store
