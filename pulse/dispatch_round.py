@@ -1,11 +1,13 @@
 """The node dispatch round: every waiting session of this node, of every namespace and
 application, served by ONE look and (when work is due) ONE transaction.
 
-1. **The look** (one statement, no lock, no transaction of its own to speak of): for every
+1. **The look** (one round trip, no lock, no transaction of its own to speak of): for every
    queue the waiting sessions declared, the fairness subjects with WAITING tasks — a skip
-   scan of ``ix_pulse_tasks_fair`` done by the server, one dive per subject — each with its
-   first task's owner, ``dispatch_at`` and ``available_at``, and the database clock. An
-   idle node pays this one statement per poll. A subject whose first task is not due yet
+   scan of ``ix_pulse_tasks_fair``, one index dive per subject (one SET statement per step
+   of the walk, the step before's subject in a user variable, then one SELECT), sized by
+   the queue's last look — each with its first task's owner, ``dispatch_at`` and
+   ``available_at``, and the database clock. An idle node pays this one round trip per
+   poll. A subject whose first task is not due yet
    sets when the dispatcher wakes next (a delayed task wakes its queue when it becomes
    available, not at the next poll).
 2. **The round** (one transaction, the lock order of docs/design/execution-pipeline.md
@@ -106,13 +108,17 @@ class NodeRound:
         self.served = Served()
         #: Where the next look continues in a queue with more than LOOK_SUBJECTS subjects.
         self.cursors: dict[QueueKey, bytes] = {}
+        #: Subjects each queue had at its last look (sizes the next look's first round trip).
+        self.walks: dict[QueueKey, int] = {}
         #: The last look found due work: the next round looks inside its transaction.
         self._busy = False
 
     async def look(self, conns: Sequence[Connection], now: datetime | None = None) -> Look:
-        """One statement: the due subjects of every queue the sessions declared."""
+        """One round trip: the due subjects of every queue the sessions declared."""
         asked = self._asked(conns)
-        rows = await self.db.read(lambda tx: store.round_look(tx, asked, LOOK_SUBJECTS, now))
+        rows = await self.db.read(
+            lambda tx: store.round_look(tx, asked, LOOK_SUBJECTS, now, self.walks)
+        )
         return self._parse(rows, [k for k, _ in asked])
 
     def _asked(self, conns: Sequence[Connection]) -> list[tuple[QueueKey, bytes | None]]:
@@ -126,9 +132,11 @@ class NodeRound:
         owners: dict[tuple[bytes, bytes, bytes], bytes] = {}
         wake: float | None = None
         walked: set[QueueKey] = set()
+        counts: dict[QueueKey, int] = dict.fromkeys(queues, 0)
         for r in rows:
             qk = (bytes(r["namespace_id"]), bytes(r["queue_id"]))
             subject = bytes(r["subject"])
+            counts[qk] = counts.get(qk, 0) + 1
             if int(r["n"]) >= LOOK_SUBJECTS:
                 self.cursors[qk] = subject
                 walked.add(qk)
@@ -146,6 +154,9 @@ class NodeRound:
                 self.cursors.pop(qk, None)
         if len(self.cursors) > 10_000:
             self.cursors.clear()
+        if len(self.walks) > 10_000:
+            self.walks.clear()
+        self.walks.update(counts)
         return Look(dict(subjects), owners, wake)
 
     async def run(
@@ -199,7 +210,7 @@ class NodeRound:
             session_rows, gates, rows = await tx.pipeline(
                 sessions_lock,
                 store.round_gates(tx, gate_keys),
-                store.round_look(tx, asked, LOOK_SUBJECTS, now),
+                store.round_look(tx, asked, LOOK_SUBJECTS, now, self.walks),
             )
             seen = self._parse(rows, [k for k, _ in asked])
             self._busy = bool(seen.subjects)

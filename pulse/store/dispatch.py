@@ -51,29 +51,96 @@ async def usage_lock_with_limits(
 QueueKey = tuple[bytes, bytes]
 
 
+#: Steps of the look's first round trip for a queue not seen before (a queue seen before: as
+#: many as the subjects it had); a walk not done by then goes on in a next round trip with
+#: at least twice as many steps as it has done (a few round trips for 128 subjects).
+LOOK_FIRST_STEPS = 1
+
+
+def _body(sql: str) -> str:
+    """A named query without its leading comment lines (to embed it in another statement)."""
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+
+
+_DIVE = _body(Q.round_look_dive)
+_TOP = _body(Q.round_look_top)
+_WALKED = _body(Q.round_look_walked)
+
+
 async def round_look(
     tx: Tx,
     queues: Sequence[tuple[QueueKey, bytes | None]],
     max_subjects: int,
     now: datetime | None,
+    expect: Mapping[QueueKey, int] | None = None,
 ) -> list[Row]:
     """The fairness subjects with WAITING tasks of each queue (``(queue, after)``: the walk
     starts after ``after``, None: from the first), at most ``max_subjects`` per queue, each
     with its first task's ``owner_id``, ``first_dispatch_at``, ``first_available_at``, its
-    position ``n`` in the walk and ``db_now`` (no lock; ONE statement)."""
-    if not queues:
-        return []
-    anchors: list[str] = []
-    args: list[Any] = []
-    for (ns, q), after in sorted(queues, key=lambda x: x[0]):
-        if after is None:
-            anchors.append(Q.round_look_anchor)
-            args += [ns, q, ns, q]
+    position ``n`` in the walk and ``db_now`` (no lock).
+
+    A skip scan of ``ix_pulse_tasks_fair``, one index dive per subject: a round trip sends
+    one SET statement per step but the last (every queue still walking dives once, after
+    the subject its step before found, read from a user variable: a constant for that
+    statement, so the dive is a range) and one SELECT of what the steps found, with the last
+    step's dives and each queue's last subject (the walk is done when it reaches it).
+    ``expect`` (subjects per queue at the last look) sizes the first round trip, so a walk
+    as long as the last one takes one round trip (one statement for a queue of one subject
+    or none); a longer one goes on in the next."""
+    todo: dict[QueueKey, tuple[bytes | None, int, int]] = {}  # after, done, steps this trip
+    for qk, after in sorted(queues, key=lambda x: x[0]):
+        first = (expect or {}).get(qk, LOOK_FIRST_STEPS)
+        todo[qk] = (after, 0, max(1, min(max_subjects, first)))
+    out: list[Row] = []
+    while todo:
+        order = list(todo)
+        sets: list[tuple[str, Any]] = []
+        walked: list[str] = []
+        wargs: list[Any] = []
+        for step in range(1, max(steps for _, _, steps in todo.values()) + 1):
+            parts: list[str] = []
+            args: list[Any] = []
+            for i, qk in enumerate(order):
+                after, done, steps = todo[qk]
+                if step > steps:
+                    continue
+                if step > 1:
+                    bound, extra = f"AND x.fair_subject > @pulse_look_{i}_{step - 1}", []
+                elif after is not None:
+                    bound, extra = "AND x.fair_subject > %s", [after]
+                else:
+                    bound, extra = "", []
+                dive = _DIVE.replace("/*after*/", bound)
+                var = f"@pulse_look_{i}_{step}"
+                if step < steps:
+                    parts.append(f"{var} = {dive}")
+                    args += [qk[0], qk[1], *extra]
+                    walked.append(_WALKED.replace("/*subject*/", var).replace("/*top*/", "NULL"))
+                    wargs += [qk[0], qk[1], done + step]
+                else:
+                    walked.append(_WALKED.replace("/*subject*/", dive).replace("/*top*/", _TOP))
+                    wargs += [qk[0], qk[1], qk[0], qk[1], *extra, done + step, qk[0], qk[1]]
+            if parts:
+                sets.append(("SET " + ",\n".join(parts), args))
+        sql = _body(Q.round_look).replace("/*walked*/", "\n  UNION ALL\n".join(walked))
+        if sets:
+            _, rows = await tx.pipeline(tx.execute_batch(sets), tx.fetchall(sql, [now, *wargs]))
         else:
-            anchors.append(Q.round_look_anchor_after)
-            args += [ns, q, ns, q, after]
-    sql = Q.round_look.replace("/*anchors*/", "\n  UNION ALL\n".join(anchors))
-    return await tx.fetchall(sql, [*args, max_subjects, now])
+            rows = await tx.fetchall(sql, [now, *wargs])
+        out += rows
+        going: dict[QueueKey, tuple[bytes | None, int, int]] = {}
+        for r in rows:
+            qk = (bytes(r["namespace_id"]), bytes(r["queue_id"]))
+            _, done, steps = todo[qk]
+            n = int(r["n"])
+            subject = bytes(r["subject"])
+            last = n == done + steps and r["top"] is not None
+            # The batch's last step found a subject that is not the queue's last: go on.
+            if last and n < max_subjects and bytes(r["top"]) != subject:
+                going[qk] = (subject, n, min(max_subjects - n, max(2 * n, 4)))
+        todo = going
+    out.sort(key=lambda r: (bytes(r["namespace_id"]), bytes(r["queue_id"]), int(r["n"])))
+    return out
 
 
 async def round_sessions_lock(tx: Tx, keys: KeySet, now: datetime | None) -> list[Row]:
