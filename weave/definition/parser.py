@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from weave.definition.expressions import Expr, ExprError, Template, parse_expr, parse_template
+from weave.definition.expressions import Template
+from weave.definition.fields import MAX_STEPS, Fields
 from weave.definition.model import (
     ROOT,
     ChoiceCase,
@@ -34,7 +34,7 @@ from weave.definition.model import (
     WaitSignalStep,
 )
 from weave.definition.problems import Problem, Rule
-from weave.definition.valuetypes import JSON, TypeSpecError, VType, parse_type
+from weave.definition.valuetypes import JSON, VType
 
 #: Step ids: usable in paths as ``$.steps.<id>``.
 STEP_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -43,12 +43,9 @@ NAME_RE = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.\-]{1,63}")
 #: Error codes of fail steps.
 ERROR_CODE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
-MAX_STEPS = 1000
 MAX_BRANCHES = 64
 MAX_PARALLEL_DEPTH = 8
 MAX_DESCRIPTION = 1000
-#: Durations are bounded to ten years so time arithmetic in the database never overflows.
-MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
 MAX_ATTEMPTS = 1000
 MAX_ROUNDS = 100_000
 
@@ -88,170 +85,13 @@ class Draft:
     problems: list[Problem] = field(default_factory=list)
 
 
-class _Fields:
-    """Reads one JSON object's fields, recording problems instead of raising."""
-
-    def __init__(self, obj: dict[str, Any], step: str | None, loc: str, problems: list[Problem]):
-        self.obj = obj
-        self.step = step
-        self.loc = loc
-        self.problems = problems
-        self.ok = True
-
-    def fail(self, name: str | None, reason: str, rule: Rule = Rule.SCHEMA) -> None:
-        self.ok = False
-        where = self.loc if name is None else (f"{self.loc}.{name}" if self.loc else name)
-        self.problems.append(Problem(self.step, reason, rule, where))
-
-    def only(self, allowed: set[str]) -> None:
-        for k in self.obj:
-            if k not in allowed:
-                self.fail(
-                    k,
-                    f"unknown field {k!r} (allowed: {', '.join(sorted(allowed))})",
-                    Rule.UNKNOWN_FIELD,
-                )
-
-    def has(self, name: str) -> bool:
-        return name in self.obj
-
-    def string(
-        self,
-        name: str,
-        *,
-        required: bool = False,
-        pattern: re.Pattern[str] | None = None,
-        max_len: int = 255,
-        rule: Rule = Rule.SCHEMA,
-        what: str = "",
-    ) -> str | None:
-        if name not in self.obj:
-            if required:
-                self.fail(name, f"{name} is required")
-            return None
-        v = self.obj[name]
-        if not isinstance(v, str):
-            self.fail(name, f"{name} must be a string")
-            return None
-        if pattern is not None and pattern.fullmatch(v) is None:
-            self.fail(name, f"{name} {v!r} is not a valid {what or name}", rule)
-            return None
-        if pattern is None and not 1 <= len(v) <= max_len:
-            self.fail(name, f"{name} must be 1 to {max_len} characters")
-            return None
-        return v
-
-    def integer(
-        self, name: str, *, required: bool = False, lo: int = 0, hi: int = MAX_DURATION_MS
-    ) -> int | None:
-        if name not in self.obj:
-            if required:
-                self.fail(name, f"{name} is required")
-            return None
-        v = self.obj[name]
-        if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(name, f"{name} must be an integer")
-            return None
-        if not lo <= v <= hi:
-            self.fail(name, f"{name} must be between {lo} and {hi}")
-            return None
-        return v
-
-    def boolean(self, name: str) -> bool | None:
-        if name not in self.obj:
-            return None
-        v = self.obj[name]
-        if not isinstance(v, bool):
-            self.fail(name, f"{name} must be true or false")
-            return None
-        return v
-
-    def number(self, name: str, *, lo: float, hi: float) -> float | None:
-        if name not in self.obj:
-            return None
-        v = self.obj[name]
-        if isinstance(v, bool) or not isinstance(v, int | float | Decimal):
-            self.fail(name, f"{name} must be a number")
-            return None
-        if not lo <= v <= hi:
-            self.fail(name, f"{name} must be between {lo} and {hi}")
-            return None
-        return float(v)
-
-    def ref(self, name: str) -> str | None:
-        """A reference to another step (checked by the validator)."""
-        if name not in self.obj:
-            return None
-        v = self.obj[name]
-        if not isinstance(v, str) or not v:
-            self.fail(name, f"{name} must be a step id")
-            return None
-        return v
-
-    def expr(self, name: str, *, required: bool = False) -> Expr | None:
-        if name not in self.obj:
-            if required:
-                self.fail(name, f"{name} is required")
-            return None
-        try:
-            return parse_expr(self.obj[name])
-        except ExprError as exc:
-            self.fail(f"{name}{exc.where}", f"{name}: {exc.reason}", Rule.EXPRESSION)
-            return None
-
-    def template(self, name: str) -> Template | None:
-        if name not in self.obj:
-            return None
-        try:
-            return parse_template(self.obj[name])
-        except ExprError as exc:
-            self.fail(f"{name}{exc.where}", f"{name}: {exc.reason}", Rule.EXPRESSION)
-            return None
-
-    def vtype(self, name: str) -> VType:
-        if name not in self.obj:
-            return JSON
-        try:
-            return parse_type(self.obj[name])
-        except TypeSpecError as exc:
-            self.fail(f"{name}{exc.where}", f"{name}: {exc.reason}")
-            return JSON
-
-    def obj_field(self, name: str, *, required: bool = False) -> dict[str, Any] | None:
-        if name not in self.obj:
-            if required:
-                self.fail(name, f"{name} is required")
-            return None
-        v = self.obj[name]
-        if not isinstance(v, dict):
-            self.fail(name, f"{name} must be an object")
-            return None
-        return v
-
-    def list_field(
-        self, name: str, *, required: bool = False, lo: int = 1, hi: int = MAX_STEPS
-    ) -> list[Any] | None:
-        if name not in self.obj:
-            if required:
-                self.fail(name, f"{name} is required")
-            return None
-        v = self.obj[name]
-        if not isinstance(v, list):
-            self.fail(name, f"{name} must be an array")
-            return None
-        if not lo <= len(v) <= hi:
-            self.fail(name, f"{name} must have {lo} to {hi} items")
-            return None
-        return v
-
-
 def parse_definition(doc: Any) -> Draft:
     """Parse a decoded definition document into a :class:`Draft` (problems inside)."""
     d = Draft()
     if not isinstance(doc, dict):
         d.problems.append(Problem(None, "a definition is a JSON object", Rule.SCHEMA, None))
         return d
-    top = _Fields(doc, None, "", d.problems)
+    top = Fields(doc, None, "", d.problems)
     top.only(TOP_FIELDS)
     d.description = top.string("description", max_len=MAX_DESCRIPTION)
     d.input_type = top.vtype("input_schema")
@@ -315,7 +155,7 @@ def _parse_step(
     d: Draft, item: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     sid = seq.step_ids[index]
-    f = _Fields(item, sid, loc, d.problems)
+    f = Fields(item, sid, loc, d.problems)
     raw_type = item.get("type")
     try:
         stype = StepType(raw_type) if isinstance(raw_type, str) else None
@@ -349,8 +189,8 @@ def _parse_step(
     return step if f.ok else None
 
 
-def _parse_retry(f: _Fields, obj: dict[str, Any], *, allow_attempts: bool) -> RetryPolicy | None:
-    r = _Fields(obj, f.step, f"{f.loc}.retry", f.problems)
+def _parse_retry(f: Fields, obj: dict[str, Any], *, allow_attempts: bool) -> RetryPolicy | None:
+    r = Fields(obj, f.step, f"{f.loc}.retry", f.problems)
     r.only(RETRY_FIELDS if allow_attempts else RETRY_FIELDS - {"max_attempts"})
     if not allow_attempts and "max_attempts" in obj:
         r.fail("max_attempts", "a poll's per-round attempts are the poll's max_attempts")
@@ -371,7 +211,7 @@ def _parse_retry(f: _Fields, obj: dict[str, Any], *, allow_attempts: bool) -> Re
     return policy
 
 
-def _parse_task_spec(f: _Fields, *, allow_attempts: bool) -> TaskSpec | None:
+def _parse_task_spec(f: Fields, *, allow_attempts: bool) -> TaskSpec | None:
     queue = f.string(
         "queue", required=True, pattern=NAME_RE, rule=Rule.INVALID_NAME, what="queue name"
     )
@@ -403,11 +243,11 @@ def _parse_task_spec(f: _Fields, *, allow_attempts: bool) -> TaskSpec | None:
     )
 
 
-Builder = Callable[[Draft, _Fields, dict[str, Any], Sequence, int, str, int], Step | None]
+Builder = Callable[[Draft, Fields, dict[str, Any], Sequence, int, str, int], Step | None]
 
 
 def _task(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(COMMON_FIELDS | FLOW_FIELDS | TASK_SPEC_FIELDS | {"on_failure"})
     spec = _parse_task_spec(f, allow_attempts=True)
@@ -418,7 +258,7 @@ def _task(
 
 
 def _wait_signal(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(
         COMMON_FIELDS
@@ -451,7 +291,7 @@ def _wait_signal(
 
 
 def _sleep(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(COMMON_FIELDS | FLOW_FIELDS | {"duration_ms", "until"})
     duration_ms = f.integer("duration_ms", lo=0)
@@ -462,7 +302,7 @@ def _sleep(
 
 
 def _poll(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(
         COMMON_FIELDS
@@ -480,7 +320,7 @@ def _poll(
     task_obj = f.obj_field("task", required=True)
     spec = None
     if task_obj is not None:
-        tf = _Fields(task_obj, f.step, f"{loc}.task", f.problems)
+        tf = Fields(task_obj, f.step, f"{loc}.task", f.problems)
         tf.only(TASK_SPEC_FIELDS)
         spec = _parse_task_spec(tf, allow_attempts=False)
         if not tf.ok:
@@ -507,7 +347,7 @@ def _poll(
 
 
 def _parallel(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(FLOW_FIELDS | COMMON_FIELDS | {"branches"})
     branches = f.list_field("branches", required=True, lo=1, hi=MAX_BRANCHES)
@@ -525,7 +365,7 @@ def _parallel(
         if not isinstance(branch, dict):
             f.fail(f"branches[{b}]", "a branch is an object with steps")
             continue
-        bf = _Fields(branch, sid, bloc, d.problems)
+        bf = Fields(branch, sid, bloc, d.problems)
         bf.only({"name", "steps"})
         name = bf.string("name", max_len=63)
         steps = bf.list_field("steps", required=True, hi=10**9)
@@ -538,7 +378,7 @@ def _parallel(
 
 
 def _join(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(COMMON_FIELDS | FLOW_FIELDS | {"parallel", "policy"})
     parallel = f.ref("parallel")
@@ -553,7 +393,7 @@ def _join(
 
 
 def _choice(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(FLOW_FIELDS | COMMON_FIELDS | {"cases", "default"})
     cases_raw = f.list_field("cases", required=True, lo=1, hi=MAX_STEPS)
@@ -563,7 +403,7 @@ def _choice(
         if not isinstance(c, dict):
             f.fail(f"cases[{i}]", "a case is an object with when and next")
             continue
-        cf = _Fields(c, f.step, f"{loc}.cases[{i}]", d.problems)
+        cf = Fields(c, f.step, f"{loc}.cases[{i}]", d.problems)
         cf.only({"when", "next"})
         when = cf.expr("when", required=True)
         nxt = cf.ref("next")
@@ -577,14 +417,14 @@ def _choice(
 
 
 def _succeed(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(FLOW_FIELDS | COMMON_FIELDS | {"output"})
     return SucceedStep(**common, output=f.template("output"))
 
 
 def _fail(
-    d: Draft, f: _Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
+    d: Draft, f: Fields, common: dict[str, Any], seq: Sequence, index: int, loc: str, depth: int
 ) -> Step | None:
     f.only(FLOW_FIELDS | COMMON_FIELDS | {"error", "message"})
     error = f.string(
