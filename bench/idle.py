@@ -4,7 +4,8 @@ process, so nothing of the earlier scenarios (S4's backlog, S5's owners) is coun
 
 * **S7**: 1,000 namespaces (each its own application, key, queue and subscription), each
   with one idle SDK worker session (4 worker processes of 250 sessions) and one subscription
-  stream over WebSocket (SDK Subscribers in the bench process), connected 20 a second. One
+  stream over WebSocket (SDK Subscribers in the bench process), each kind connected 20 a
+  second (the worker sessions spread over their processes). One
   probe task per namespace proves every session and stream works (``probes_answered``: how
   many came back within 300 s); after the probes' results are acked and
   the connections have settled (10 s), a window at rest measures the server's and MariaDB's
@@ -109,7 +110,7 @@ async def s7(*, namespaces: int = 1000, processes: int = 4, settle_s: float = 10
         streams = [Results(t, sub) for t in owners]
         workers = WorkerProcs()
         workers.start(url=server.url, key="", namespace="", queue=queue, processes=processes,
-                      sessions=0, concurrency=1, stagger_s=0.05,
+                      sessions=0, concurrency=1, stagger_s=0.05 * processes,
                       targets=[{"key": t.key, "namespace": t.namespace} for t in owners])  # fmt: skip
         for i, r in enumerate(streams):  # a few at a time: a burst of 1,000 connects is not idle
             r.start()

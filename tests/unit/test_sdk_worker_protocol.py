@@ -738,10 +738,11 @@ async def test_a_gone_session_is_replaced_at_once_whatever_the_backoff(fake: Fak
         await asyncio.wait_for(runner, 10)
 
 
-async def test_any_answer_from_the_server_resets_the_backoff(fake: FakeOrbit) -> None:
-    """Session creation answered 503 again and again: each answer resets the backoff, so
-    the worker keeps asking at the initial delay (the server is there) instead of backing
-    off as from an unreachable server (0.05, 0.5, 5, 50 s...)."""
+async def test_a_busy_server_is_asked_again_within_the_busy_bound(fake: FakeOrbit) -> None:
+    """Session creation answered 503 (busy, no Retry-After) again and again: the delay grows
+    from the initial one (so a crowd of workers turned away does not hammer the node) but
+    stays within BUSY_MAX_S, instead of backing off as from an unreachable server (0.05,
+    0.5, 5, 50 s...)."""
     fake.session_status = 503
     worker = make_worker(fake, backoff=Backoff(initial=0.05, maximum=60, multiplier=10, jitter=0))
 
@@ -751,7 +752,8 @@ async def test_any_answer_from_the_server_resets_the_backoff(fake: FakeOrbit) ->
 
     runner = run_in_background(worker)
     try:
-        await eventually(lambda: fake.session_requests >= 6, 4)  # ≥ 6 tries in 4 s
+        # 0.05 + 0.5 + 2 + 2 s: the unreachable-server schedule would be past 5 s by the 4th
+        await eventually(lambda: fake.session_requests >= 5, 8)
         fake.session_status = None
         await eventually(lambda: fake.sessions_connected() == 1, 4)
     finally:
@@ -1024,3 +1026,23 @@ async def test_attempt_lease_shorter_than_the_session_lease_is_respected() -> No
         fake.heartbeat_mode = "ignore"
         stats = await asyncio.wait_for(runner, 3)  # far less than the 30 s session lease
         assert stats.outcomes == {"lease_lost": 1} and task.reports == []
+
+
+def test_busy_wait_grows_to_its_bound_and_honours_retry_after() -> None:
+    from orbit_sdk._connection import BUSY_MAX_S, RETRY_AFTER_SPREAD, busy_wait
+
+    assert busy_wait(0.1, None, 0.9) == 0.1
+    assert busy_wait(50.0, None, 0.9) == BUSY_MAX_S  # never the unreachable-server ceiling
+    assert busy_wait(0.1, 3.0, 0.0) == 3.0  # the server's Retry-After, at least
+    assert busy_wait(0.1, 3.0, 0.5) == 3.0 * (1 + RETRY_AFTER_SPREAD * 0.5)  # spread out
+    assert busy_wait(50.0, 1.0, 0.0) == BUSY_MAX_S
+
+
+def test_retry_after_header_in_seconds_only() -> None:
+    from orbit_sdk._connection import _retry_after_header
+
+    assert _retry_after_header("2") == 2.0
+    assert _retry_after_header(" 1.5 ") == 1.5
+    assert _retry_after_header(None) is None
+    assert _retry_after_header("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert _retry_after_header("-1") is None

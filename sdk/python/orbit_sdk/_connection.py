@@ -24,6 +24,7 @@ import enum
 import itertools
 import logging
 import math
+import random
 import re
 import secrets
 from collections.abc import Callable
@@ -74,6 +75,36 @@ _SESSION_GONE_STATUS = frozenset({401, 403, 404})
 # Close code of an accepted stream whose session expired (server-side ``CLOSE_SESSION_GONE``).
 _CLOSE_SESSION_GONE = 4401
 _MAX_FRAME = 32 * 1024 * 1024
+# Answers that mean "busy, try later": 429 (rate limited, cooling down) and 503 (not ready:
+# the node's database pool or connection limit is exhausted, the database is restarting).
+_BUSY_STATUS = frozenset({429, 503})
+#: Longest wait after a busy answer without Retry-After (seconds): the delay grows from the
+#: backoff's initial one while the server keeps saying busy, up to this.
+BUSY_MAX_S = 2.0
+#: A Retry-After is waited out stretched by a random share of up to this fraction of it, so
+#: the workers a node turned away at one moment do not all come back at the same instant.
+RETRY_AFTER_SPREAD = 0.5
+
+
+def _retry_after_header(value: str | None) -> float | None:
+    """Seconds of a ``Retry-After`` header in its delta-seconds form (None otherwise)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 3600 else None
+
+
+def busy_wait(backoff_delay: float, retry_after: float | None, spread: float) -> float:
+    """The wait after a busy answer (429/503): the growing backoff delay cut to
+    :data:`BUSY_MAX_S`, or the server's ``Retry-After`` stretched by ``spread`` (a random
+    fraction in [0, 1) of :data:`RETRY_AFTER_SPREAD`), whichever is longer."""
+    wait = min(backoff_delay, BUSY_MAX_S)
+    if retry_after is not None:
+        wait = max(wait, retry_after * (1.0 + RETRY_AFTER_SPREAD * spread))
+    return wait
 
 
 class _Redact(logging.Filter):
@@ -299,6 +330,7 @@ class StreamConnection:
             while not self._closing:
                 delay: float | None = None
                 answered = False
+                busy = False
                 fresh = self._session is None
                 node = self._http.base_url
                 node_failed = False
@@ -318,11 +350,17 @@ class StreamConnection:
                     raise
                 except OrbitError as exc:
                     answered = not isinstance(exc, OrbitConnectionError)
+                    busy = getattr(exc, "status", None) in _BUSY_STATUS
                     retry_after = getattr(exc, "retry_after", None)
                     delay = retry_after if isinstance(retry_after, (int, float)) else None
                     logger.warning("worker session: %s (%s)", exc.code, exc.message)
                 except (OSError, TimeoutError, WebSocketException) as exc:
                     answered = isinstance(exc, InvalidStatus)  # e.g. a 503 to the handshake
+                    if isinstance(exc, InvalidStatus) and (
+                        exc.response.status_code in _BUSY_STATUS
+                    ):
+                        busy = True
+                        delay = _retry_after_header(exc.response.headers.get("Retry-After"))
                     node_failed = True
                     logger.warning("worker stream: %s: %s", type(exc).__name__, exc)
                 except Exception:
@@ -333,11 +371,17 @@ class StreamConnection:
                     break
                 if (node_failed or self._lost_abruptly) and self._next_node(node):
                     continue  # another node at once: the backoff waits for a whole round
-                if answered:
-                    self._backoff.reset()
-                wait = min(self._backoff.next_delay(), self._session_bound())
-                if delay is not None:
-                    wait = max(wait, delay)
+                if busy:
+                    # The server is there but turned us away: wait as it says, and longer
+                    # while it keeps saying so (bounded), never as for an unreachable server.
+                    wait = busy_wait(self._backoff.next_delay(), delay, random.random())
+                    wait = min(wait, max(self._session_bound(), delay or 0.0))
+                else:
+                    if answered:
+                        self._backoff.reset()
+                    wait = min(self._backoff.next_delay(), self._session_bound())
+                    if delay is not None:
+                        wait = max(wait, delay)
                 logger.info("reconnecting in %.2fs", wait)
                 try:
                     async with asyncio.timeout(wait):
