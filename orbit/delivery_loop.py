@@ -7,7 +7,9 @@ reclaims too) never work on one subscription at the same time, and never wait fo
 other. Consumers do not depend on the loop for correctness — every hand-out reclaims first
 and reads new events itself — the loop keeps EXHAUSTED states and metrics current for
 subscriptions nobody is consuming, and wakes this node's consumers (:class:`DeliveryHub`)
-when their subscription's cursor is behind its stream. Nothing is written ahead of a
+when their subscription's cursor is behind its stream: at once after this process commits
+result events (:func:`orbit.events.on_streams_moved`, no read), within a round (1 s) for the
+events other nodes commit (one read of the watched stream rows a round). Nothing is written ahead of a
 hand-out: a subscription's storage grows with what is in flight, not with its backlog.
 
 Start it from the composition root::
@@ -24,11 +26,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from orbit import deliveries, delivery_gauges, delivery_probes, delivery_pump
+from orbit import deliveries, delivery_gauges, delivery_probes, delivery_pump, events
 from orbit.deliveries import AckItem, AckResult
 from orbit.metrics import Registry
 from orbit.rounds import NodeRound
@@ -118,6 +120,13 @@ class DeliveryHub:
                 for ev in watchers:
                     ev.set()
 
+    def notify_namespaces(self, namespace_ids: Mapping[bytes, object]) -> None:
+        """:meth:`notify_namespace` for several namespaces, in one pass over the watchers."""
+        for (ns, _), watchers in list(self._events.items()):
+            if ns in namespace_ids:
+                for ev in watchers:
+                    ev.set()
+
     def watching(self) -> Sequence[tuple[bytes, bytes]]:
         return list(self._events)
 
@@ -181,7 +190,7 @@ class DeliveryLoop:
         *,
         hub: DeliveryHub | None = None,
         metrics: Registry | None = None,
-        interval_s: float = 0.1,
+        interval_s: float = 1.0,
         subscriptions_per_round: int = 200,
         batches_per_subscription: int = 10,
         sweep_per_round: int = 200,
@@ -326,14 +335,30 @@ class DeliveryLoop:
         """
         stop = stop or asyncio.Event()
         failures = 0
-        while not stop.is_set():
-            try:
-                await self.run_once()
-                failures = 0
-            except Exception:
-                failures += 1
-                log.exception("delivery loop round failed (%d in a row)", failures)
-            delay = self.interval_s * min(2**failures, 50)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await stop.wait()
+        # Result events this process commits wake its consumers at once; the rounds' reads
+        # find the events other nodes commit (within ``interval_s``).
+        unlisten = events.on_streams_moved(self._moved_here)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.run_once()
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.exception("delivery loop round failed (%d in a row)", failures)
+                delay = self.interval_s * min(2**failures, 50)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
+        finally:
+            unlisten()
+
+    def _moved_here(self, tops: dict[bytes, int]) -> None:
+        """After this process committed result events: wake the consumers of those
+        namespaces and remember the new tops (so the next read does not wake them again)."""
+        if self.hub is None:
+            return
+        self.hub.notify_namespaces(tops)
+        for ns, top in tops.items():
+            if ns in self._tops:
+                self._tops[ns] = max(self._tops[ns], top)

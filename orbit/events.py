@@ -21,7 +21,7 @@ Every function takes the caller's open :class:`~orbit.storage.Tx`; none commits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,6 +42,29 @@ RESULT_EVENT_TYPES: dict[str, str] = {
 }
 
 _JSON = msgspec.json.Encoder()
+
+#: This process's listeners of result streams that moved: called with the new top sequence
+#: of each namespace right after the commit that appended its events (the delivery loop
+#: wakes the node's consumers with it, without reading the stream rows).
+_MOVED: list[Callable[[dict[bytes, int]], None]] = []
+
+
+def on_streams_moved(fn: Callable[[dict[bytes, int]], None]) -> Callable[[], None]:
+    """Call ``fn`` with ``{namespace id: its stream's last seq}`` of the result streams this
+    process appended to, after each such commit (synchronous and quick: a wake-up).
+    Returns the call that stops it."""
+    _MOVED.append(fn)
+
+    def stop() -> None:
+        if fn in _MOVED:
+            _MOVED.remove(fn)
+
+    return stop
+
+
+def _streams_moved(tops: dict[bytes, int]) -> None:
+    for fn in list(_MOVED):
+        fn(tops)
 
 
 class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -419,6 +442,9 @@ async def append_result_events_across(
             }
         )
     await store.result_event_insert_many(tx, rows)
+    if _MOVED:
+        moved = {ns: tops[ns] for ns in counts}
+        tx.after_commit(lambda: _streams_moved(moved))
     return [r["seq"] for r in rows]
 
 

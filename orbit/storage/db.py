@@ -19,6 +19,7 @@ while replicating it), raises :class:`OutcomeUnknown`: the caller re-reads.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 import time
@@ -61,6 +62,8 @@ _LEADING_COMMENTS = re.compile(r"\A(?:\s*--[^\n]*\n)+")
 
 #: When a list, every statement run through a :class:`Tx` is appended to it (tests use it to
 #: check that runtime queries carry a ``namespace_id`` predicate).
+log = logging.getLogger("orbit.storage")
+
 STATEMENT_LOG: list[str] | None = None
 
 
@@ -146,16 +149,27 @@ class _Raw:
 class Tx:
     """One open transaction on one connection. Only store modules call its methods."""
 
-    __slots__ = ("_conn", "_cur", "_piping", "_rows", "lastrowid", "round_trips")
+    __slots__ = ("_after", "_conn", "_cur", "_piping", "_rows", "lastrowid", "round_trips")
 
     def __init__(self, conn: Any, cur: Any) -> None:
         self._conn = conn
         self._cur = cur
+        #: Called once this transaction has committed (:meth:`after_commit`).
+        self._after: list[Callable[[], None]] | None = None
         self.lastrowid: int | None = None
         self._piping = False  # inside pipeline(): statements are queued, not sent
         self._rows: list[Row] | None = None  # a piped execute's rows, for fetchall
         #: Round trips to the server so far (statements, multi-statements; not COMMIT).
         self.round_trips = 0
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (synchronous, quick: a wake-up of this process's waiters) once this
+        transaction has committed; never when it rolls back, is retried or its outcome is
+        unknown (a retried transaction runs its function again, with a new Tx). A raising
+        ``fn`` is logged, not raised: the transaction stands."""
+        if self._after is None:
+            self._after = []
+        self._after.append(fn)
 
     async def execute(self, sql: str, args: Any = None) -> int:
         """Run one statement; return the affected (matched) row count.
@@ -556,7 +570,8 @@ class Database:
             await self._prepare(conn)
             try:
                 async with conn.cursor() as cur:
-                    result = await fn(Tx(conn, cur))
+                    tx = Tx(conn, cur)
+                    result = await fn(tx)
             except BaseException as exc:
                 # 1205 rolled back only the statement: ROLLBACK the whole transaction before
                 # anything else (never COMMIT after it). On a dead connection, or when the
@@ -582,6 +597,8 @@ class Database:
                         raise _CommitConflict(exc) from exc
                     raise
                 self.stats.commits += 1
+                if tx._after is not None:
+                    _run_after_commit(tx._after)
             clean = True
             return result
         finally:
@@ -619,6 +636,14 @@ class Database:
             return True
         except Exception:
             return False
+
+
+def _run_after_commit(calls: list[Callable[[], None]]) -> None:
+    for call in calls:
+        try:
+            call()
+        except Exception:
+            log.exception("an after-commit call failed")
 
 
 async def check_session(conn: Any) -> None:

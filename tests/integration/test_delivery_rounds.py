@@ -252,6 +252,49 @@ async def test_wake_round_between_full_reads_reads_only_moved_streams(db: Databa
     assert {ns for ns, ev in watchers.items() if ev.is_set()} == {tenants[0].namespace_id}
 
 
+async def test_result_events_committed_here_wake_consumers_without_a_read(db: Database) -> None:
+    """While the loop runs, result events this process commits wake the consumers of their
+    namespace right after COMMIT, with no round and no read; the next round does not wake
+    them again; a transaction that rolls back wakes nobody."""
+    from orbit.delivery_loop import DeliveryHub, DeliveryLoop
+    from orbit.events import ResultSnapshot, append_result_events
+
+    tenants = [await make_tenant(db) for _ in range(2)]
+    hub = DeliveryHub()
+    loop = DeliveryLoop(db, hub=hub, interval_s=3600.0, sweep_interval_s=3600.0)
+    watchers = {t.namespace_id: hub.watch(t.namespace_id, new_id()) for t in tenants}
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        while set(loop._tops) != set(watchers):  # noqa: ASYNC110 - the first round has read them
+            await asyncio.sleep(0.01)
+        for ev in watchers.values():
+            ev.clear()
+        with recorded() as rec:
+            await append_results(db, tenants[1].namespace_id, 2)
+        assert not [s for s in rec if "orbit_event_streams" in s and "SELECT" in s.upper()
+                    and "updated_at" in s]  # fmt: skip
+        assert {ns for ns, ev in watchers.items() if ev.is_set()} == {tenants[1].namespace_id}
+        watchers[tenants[1].namespace_id].clear()
+        assert (await loop.run_once()).behind == 0  # the round knows the new top already
+
+        class Abort(Exception):
+            pass
+
+        async def rolled_back(tx: Tx) -> None:
+            snap = ResultSnapshot(task_id=new_id(), queue="q", kind="k", owner_id=bytes(16),
+                                  state="SUCCEEDED", result={}, attempts=1)  # fmt: skip
+            await append_result_events(tx, tenants[0].namespace_id, [snap])
+            raise Abort
+
+        with pytest.raises(Abort):
+            await db.transaction(rolled_back)
+        assert not any(ev.is_set() for ev in watchers.values())
+    finally:
+        stop.set()
+        await task
+
+
 async def test_hand_out_round_spans_namespaces_in_one_transaction(db: Database) -> None:
     """One node round hands out for several subscriptions of several namespaces: their rows
     locked in ONE statement, one range row each, two asks of one subscription sharing its
