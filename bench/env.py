@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,10 @@ class WorkerProcs:
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
+        #: Each process's stderr goes to a temporary file, never a pipe: nobody reads a pipe
+        #: while the run lasts, and a worker logging a warning per refused reconnect would
+        #: fill it and block its whole event loop (every session of the process).
+        self._logs: list[Any] = []
 
     def start(
         self,
@@ -313,13 +318,15 @@ class WorkerProcs:
             if targets is not None:
                 one["targets"] = targets[i::processes]
             args = json.dumps(one)
+            log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+            self._logs.append(log)
             self.procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "bench.worker", args],
                     cwd=ROOT,
                     env={**os.environ, **(env or {})},
                     stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
+                    stderr=log,
                 )
             )
 
@@ -332,7 +339,7 @@ class WorkerProcs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         tails: list[str] = []
-        for p in self.procs:
+        for p, log in zip(self.procs, self._logs, strict=True):
             for _ in range(150):
                 if p.poll() is not None:
                     break
@@ -340,9 +347,11 @@ class WorkerProcs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-            err = p.stderr.read().decode(errors="replace") if p.stderr else ""
-            tails.append(err[-2000:])
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 2000))
+            tails.append(log.read().decode(errors="replace"))
+            log.close()
         self.procs = []
+        self._logs = []
         return tails
 
 
