@@ -108,7 +108,8 @@ class Dispatcher:
         node = self._nodes.get(group)
         if node is None:
             node = self._nodes[group] = NodeRound(
-                self.db, self.hub.node_id, self.settings.offer_lease_ms
+                self.db, self.hub.node_id, self.settings.offer_lease_ms,
+                self.settings.offer_depth_percent,
             )
         return node
 

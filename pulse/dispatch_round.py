@@ -101,10 +101,15 @@ class Look:
 class NodeRound:
     """The node's dispatch round (see the module docstring). One per dispatcher."""
 
-    def __init__(self, db: Database, node_id: str, offer_lease_ms: int) -> None:
+    def __init__(
+        self, db: Database, node_id: str, offer_lease_ms: int, offer_depth_percent: int = 0
+    ) -> None:
         self.db = db
         self.node_id = node_id
         self.offer_lease_ms = offer_lease_ms
+        #: Most offered, not started attempts a session holds, in percent of its
+        #: max_concurrency (0: no limit).
+        self.offer_depth_percent = offer_depth_percent
         self.served = Served()
         #: Where the next look continues in a queue with more than LOOK_SUBJECTS subjects.
         self.cursors: dict[QueueKey, bytes] = {}
@@ -243,6 +248,13 @@ class NodeRound:
             if slots <= 0:
                 out.outcomes[i].at_capacity = True
                 continue
+            if self.offer_depth_percent > 0:
+                depth = -(-int(row["max_concurrency"]) * self.offer_depth_percent // 100)
+                depth_room = depth - int(row["offered"])
+                c.depth_capped = depth_room < slots  # its next start wakes the dispatcher
+                slots = min(slots, depth_room)
+                if slots <= 0:
+                    continue
             ns = c.info.namespace_id
             if gates.get((ns, queue_store.NAMESPACE_GATE)):
                 continue

@@ -58,6 +58,9 @@ class Connection:
         self.closed = False
         #: Attempts a ``cancel`` was pushed for (pushed once per connection).
         self.cancels_sent: set[str] = set()
+        #: The last dispatch round gave it fewer offers than free slots because of the
+        #: offer depth (WorkerSettings.offer_depth_percent): its next start wakes the dispatcher.
+        self.depth_capped = False
 
     @property
     def key(self) -> Key:

@@ -66,6 +66,11 @@ class WorkerSettings:
     #: parse): the node's dispatch round offers each session up to its free slots, at most
     #: 256 a pool per round (pulse/dispatch_round.py ``POOL_MAX_OFFERS``).
     dispatch_batch: int = 32
+    #: Most offered attempts a session holds not started yet, in percent of its
+    #: max_concurrency (rounded up; 0: no limit but max_concurrency): a shallower offer
+    #: pipeline, so a task of a subject that was not in play waits behind fewer tasks already
+    #: offered. A start by a session the limit cut wakes the dispatcher.
+    offer_depth_percent: int = 0
     #: Dispatcher polling interval across nodes (within a node, new work wakes it at once).
     dispatch_poll_ms: int = 250
     #: Recovery loop interval and batch size.

@@ -169,6 +169,9 @@ async def start_attempt(
     count_start(rt, reply)
     if isinstance(reply, wire.Started):
         rt.hub.track(attempt_id, conn.key)
+        if conn.depth_capped:  # an offer-depth slot freed
+            conn.depth_capped = False
+            rt.hub.notify_new_work()
     else:
         rt.hub.forget(attempt_id)
         rt.hub.notify_new_work()  # capacity freed, and the task may be back in its queue

@@ -114,14 +114,18 @@ WHERE s.subject IS NOT NULL
 -- name: round_sessions_lock
 -- The round's first locks: the sessions of every namespace, in (namespace_id, id) order (the
 -- session level comes first in the lock order), each with the attempts it holds (offered or
--- running: the flow-control count, a scalar subquery on ix_pulse_attempts_session, which a
--- locking read never locks) and the clock read once the locks are held.
+-- running: the flow-control count) and of those the offered ones not started yet (the offer
+-- depth), scalar subqueries on ix_pulse_attempts_session, which a locking read never locks,
+-- and the clock read once the locks are held.
 -- First parameter: the pinned now (NULL: the database clock).
 SELECT s.namespace_id, s.id, s.state, s.node_id, s.max_concurrency, s.concurrency_keys,
   s.expires_at,
   (SELECT COUNT(*) FROM pulse_attempts a
    WHERE a.namespace_id = s.namespace_id AND a.session_id = s.id
      AND a.state IN ('OFFERED', 'RUNNING')) AS held,
+  (SELECT COUNT(*) FROM pulse_attempts a
+   WHERE a.namespace_id = s.namespace_id AND a.session_id = s.id
+     AND a.state = 'OFFERED') AS offered,
   CAST(COALESCE(%s, UTC_TIMESTAMP(6)) AS DATETIME(6)) AS db_now
 FROM pulse_worker_sessions s
 WHERE /*keys s.namespace_id s.id*/
