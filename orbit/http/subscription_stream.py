@@ -177,6 +177,11 @@ class StreamOptions:
     #: the namespace's stream row), and so do its own lease ends and its next PENDING
     #: delivery's due time.
     poll_s: float = 2.0
+    #: The safety re-check of a stream whose last hand-out found its subscription quiet —
+    #: nothing leased by any consumer, nothing given back waiting — so that only new result
+    #: events (which wake it) or a hand-out by a consumer elsewhere can change that. None:
+    #: five times ``poll_s`` (10 s).
+    quiet_poll_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -192,6 +197,15 @@ class StreamRegistry:
 class _Held:
     proof: str = field(repr=False)
     deadline: float  # monotonic time the lease ends (approximately)
+
+
+def recheck_period(options: StreamOptions, quiet: bool) -> float:
+    """The safety re-check period of an idle stream: ``quiet_poll_s`` (default five times
+    ``poll_s``) when its last hand-out found nothing in flight, nothing waiting and it holds
+    nothing itself; else ``poll_s``."""
+    if not quiet:
+        return options.poll_s
+    return options.quiet_poll_s or 5 * options.poll_s
 
 
 def _until_tick(period_s: float) -> float:
@@ -280,6 +294,7 @@ class StreamConnection:
         release on this node), the next due time the hand-out reported, this connection's
         earliest lease end, or the safety re-check — no statement per tick."""
         retry_in: float | None = None
+        quiet = False  # the last hand-out found nothing in flight and nothing waiting
         while True:
             while self._queued_bytes >= self.max_bytes:  # a slow reader: send what is queued
                 self._drained.clear()
@@ -317,12 +332,13 @@ class StreamConnection:
                 retry_in = batch.retry_in_s
                 if batch.deliveries or batch.behind:
                     continue
+                quiet = batch.in_flight == 0 and retry_in is None
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
             # cancellation that lands as the event is set, and this task would never end.
             # The safety re-check runs on a tick shared by the process (the next multiple of
             # poll_s on the monotonic clock), so the probes of idle streams go out together
             # as one statement (delivery_pump.LeaseProbes) instead of one each.
-            wait = _until_tick(self.options.poll_s)
+            wait = _until_tick(recheck_period(self.options, quiet and not self.unacked))
             if retry_in is not None:
                 wait = min(wait, retry_in + 0.005)
             if self.unacked:  # one of ours expires: the hand-out reclaims and redelivers it

@@ -213,3 +213,14 @@ def test_sql_guard_checker() -> None:
 def test_every_named_query_passes_the_sql_guard() -> None:
     """Static form of the guard: all queries of all packages, executed by tests or not."""
     assert sql_guard.violations(sql_guard.known_queries()) == []
+
+
+def test_a_quiet_subscription_stream_rechecks_less_often() -> None:
+    from orbit.http.subscription_stream import StreamOptions, recheck_period
+
+    default = StreamOptions()
+    assert recheck_period(default, quiet=False) == 2.0
+    assert recheck_period(default, quiet=True) == 10.0  # five times poll_s
+    fast = StreamOptions(poll_s=0.1)
+    assert recheck_period(fast, quiet=True) == 0.5
+    assert recheck_period(StreamOptions(quiet_poll_s=30.0), quiet=True) == 30.0
