@@ -232,7 +232,7 @@ async def test_a_failure_inside_the_step_leaves_nothing_behind(
                 raise RuntimeError("power cut")
         return await real(tx, ns, type, *a, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(scheduler_mod.orbit_events, "append_event", flaky)
+    monkeypatch.setattr(orbit_events, "append_event", flaky)
     stats = await run(sdb, T0 + timedelta(minutes=25))
     assert stats.errors == 1 and stats.fired == 0
     assert await occurrences(sdb, t, s) == [] and await schedule_tasks(sdb, t) == []
@@ -240,7 +240,7 @@ async def test_a_failure_inside_the_step_leaves_nothing_behind(
     assert row["covered_until"] == T0  # no progress either
     # the failing schedule was backed off so it cannot block the others
     assert row["check_at"] == T0 + timedelta(minutes=25, seconds=scheduler_mod.ERROR_BACKOFF_S)
-    monkeypatch.setattr(scheduler_mod.orbit_events, "append_event", real)
+    monkeypatch.setattr(orbit_events, "append_event", real)
     await run(sdb, T0 + timedelta(minutes=25, seconds=10))  # backed off: not yet
     assert await occurrences(sdb, t, s) == []
     await run(sdb, T0 + timedelta(minutes=25, seconds=scheduler_mod.ERROR_BACKOFF_S))
