@@ -134,7 +134,7 @@ async def _count_done(db: ScratchDatabase, namespaces: list[str], queue: str) ->
     ((n,),) = await db.query(
         "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
         " ON q.namespace_id = n.id AND q.name = %s"
-        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
+        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)"
         " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id"
         " AND t.state = 'SUCCEEDED' WHERE n.name IN %s",
         (queue, list(namespaces)),

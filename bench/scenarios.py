@@ -138,13 +138,13 @@ class Results:
 
 
 async def count_state(db: ScratchDatabase, namespace: str, queue: str, state: str) -> int:
-    # By queue id: a range of ix_pulse_tasks_dispatch (namespace, queue, state). (By
+    # By queue id: a range of ix_pulse_tasks_fair (namespace, queue, state). (By
     # queue_name it read every task of the namespace in that state, seconds a call with S4's
     # backlog, and loaded the database during the window.)
     ((n,),) = await db.query(
         "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
         " ON q.namespace_id = n.id AND q.name = %s"
-        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_dispatch)"
+        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)"
         " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id AND t.state = %s"
         " WHERE n.name = %s",
         (queue, state, namespace),
@@ -660,25 +660,27 @@ async def add_backlog(db: ScratchDatabase, t: Tenant, queue: str, n: int) -> flo
 
 
 async def explain_dispatch(db: ScratchDatabase, t: Tenant, queue: str) -> list[dict[str, Any]]:
-    """EXPLAIN of the dispatcher's claim on this queue (must use ix_pulse_tasks_dispatch)."""
-    from pulse.store.attempts import Q
+    """EXPLAIN of one part of the dispatch round's claim on this queue (the subject of a
+    task of the queue; must be a range of ix_pulse_tasks_fair)."""
+    from pulse.store.dispatch import Q
 
     def q() -> list[dict[str, Any]]:
         conn = db.connect()
         try:
             with conn.cursor() as cur:
                 cur.execute(
-                    "SELECT t.namespace_id, t.queue_id FROM pulse_tasks t JOIN orbit_namespaces n"
-                    " ON n.id = t.namespace_id WHERE n.name = %s AND t.queue_name = %s LIMIT 1",
+                    "SELECT t.namespace_id, t.queue_id, t.fair_subject FROM pulse_tasks t"
+                    " JOIN orbit_namespaces n ON n.id = t.namespace_id"
+                    " WHERE n.name = %s AND t.queue_name = %s LIMIT 1",
                     (t.namespace, queue),
                 )
-                ns, qid = cur.fetchone()
-                sql = Q.task_claim_due.replace("FOR UPDATE SKIP LOCKED", "")
-                cur.execute(
-                    "EXPLAIN " + sql,
-                    {"namespace_id": ns, "queue_id": qid, "now": time.strftime("%Y-%m-%d %H:%M:%S"),
-                     "keys_ok": 0, "limit": 32},
-                )  # fmt: skip
+                ns, qid, subject = cur.fetchone()
+                lines = Q.round_claim_part.splitlines()
+                sql = "\n".join(x for x in lines if not x.lstrip().startswith("--")).strip()
+                sql = sql.removeprefix("(").removesuffix(")")
+                sql = sql.replace("FOR UPDATE SKIP LOCKED", "")
+                now = time.strftime("%Y-%m-%d %H:%M:%S")
+                cur.execute("EXPLAIN " + sql, (ns, qid, subject, now, now, now, 0, 32))
                 names = [d[0] for d in cur.description]
                 return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         finally:

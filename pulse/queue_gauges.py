@@ -9,7 +9,8 @@ Computed by a background refresh (:meth:`orbit.metrics.Registry.run_refresh`, ev
 RUNNING are the queue's live usage counters (offered and running attempts, kept in the same
 transaction as every task change), NEEDS_REVIEW is an index range counted up to
 ``review_cap``, WAITING is the rest of the unfinished count, and the oldest wait is read from
-the head of the queue's dispatch index (at most ``head`` index entries). Only the
+the head of the queue's WAITING range of the fair index (at most ``head`` index entries,
+by fairness subject, each in dispatch order). Only the
 ``max_queues`` queues with the most unfinished tasks are exported (``ORBIT_METRICS_MAX_QUEUES``,
 default 100), which bounds both the refresh's work and the labels' cardinality; a queue
 with nothing unfinished is not exported.
@@ -30,7 +31,7 @@ from pulse.store import queue_depth as store
 MAX_QUEUES = 100
 #: NEEDS_REVIEW tasks counted per queue at most.
 REVIEW_CAP = 10_000
-#: Dispatch-order entries looked at for the oldest waiting task.
+#: Fair-index entries looked at for the oldest waiting task.
 HEAD = 1_000
 STATES = ("WAITING", "LEASED", "RUNNING", "NEEDS_REVIEW")
 LABELS = ("application", "namespace", "queue")

@@ -179,36 +179,48 @@ async def _insert(
 ) -> list[int]:
     """Insert ``rows``; return the positions actually inserted.
 
-    One multi-row INSERT first. When it fails (an identity committed meanwhile by a
-    concurrent submit to another queue, or a payload the server's JSON_VALID rejects) the
-    statement alone is rolled back and the rows go in one by one, each failure becoming
-    that item's dedup (200) or 400.
+    The identities of the rows with a dedup key go first (pulse_task_identities, one
+    multi-row INSERT), then the tasks (one multi-row INSERT). When either fails (an identity
+    committed meanwhile by a concurrent submit to another queue, or a payload the server's
+    JSON_VALID rejects) the failed statement alone is rolled back, the identities already
+    written are taken back, and the rows go in one by one, each failure becoming that item's
+    dedup (200) or 400.
     """
     if not rows:
         return []
+    identities_in = False
     try:
+        await store.identity_insert_many(tx, rows)
+        identities_in = True
         if len(rows) >= BULK_MIN and rows[0]["created_at"].tzinfo is None:
             await store.task_insert_literal(tx, rows)
         else:
             await store.task_insert_many(tx, rows)
         return list(range(len(rows)))
-    except DuplicateKey as exc:
-        if exc.key != store.IDENTITY_INDEX:
+    except DuplicateKey:
+        if identities_in:  # the tasks' own primary key: not an identity
             raise
     except CheckViolation:
         pass
+    if identities_in:
+        for row in rows:
+            await store.identity_delete(tx, row)
     inserted: list[int] = []
     for k, (p, row) in enumerate(zip(admitted, rows, strict=True)):
         try:
-            await store.task_insert_many(tx, [row])
-            inserted.append(k)
-        except DuplicateKey as exc:
-            if exc.key != store.IDENTITY_INDEX or p.identity is None:
+            await store.identity_insert_many(tx, [row])
+        except DuplicateKey:
+            if p.identity is None:
                 raise
             twin = await store.task_get_by_identity(tx, namespace_id, owner_id, *p.identity)
             assert twin is not None, "a duplicate identity is committed when we see 1062"
             results[p.index] = ItemResult(200, row=twin)
+            continue
+        try:
+            await store.task_insert_many(tx, [row])
+            inserted.append(k)
         except CheckViolation:
+            await store.identity_delete(tx, row)
             err = InvalidRequest("payload is not valid JSON for the database", field="payload")
             results[p.index] = ItemResult(err.status, error=err)
     return inserted

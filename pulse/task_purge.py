@@ -1,12 +1,12 @@
 """Retention purge of finished tasks (a part of :class:`orbit.retention_purge.RetentionPurge`).
 
 A SUCCEEDED, FAILED or CANCELLED task goes, with its attempts (their receipts are columns of
-the attempt), its evidence and its effect records, once its state changed longer ago than
-both the namespace's ``finished_tasks_days`` and its idempotency window (a replayed submit
-never answers a task that is gone). Kept whatever its age: a task with an attempt still
-offered or running, a task with evidence younger than the window (a late report after the
-finish), and a task another package still refers to (``keep``: Weave keeps the tasks of a
-workflow instance that is still running).
+the attempt), its evidence, its effect records and its identity row (a task with a dedup
+key), once its state changed longer ago than both the namespace's ``finished_tasks_days``
+and its idempotency window (a replayed submit never answers a task that is gone). Kept
+whatever its age: a task with an attempt still offered or running, a task with evidence
+younger than the window (a late report after the finish), and a task another package still
+refers to (``keep``: Weave keeps the tasks of a workflow instance that is still running).
 
 One batch is one transaction: lock up to ``batch`` candidates of one state with
 ``FOR UPDATE SKIP LOCKED`` on ``ix_pulse_tasks_state_age`` (a re-run holding a row is
@@ -91,6 +91,7 @@ class TaskPurge:
             "pulse_attempts": await attempt_store.attempt_purge_for_tasks(tx, ns, gone),
             "pulse_attempt_evidence": await attempt_store.evidence_purge_for_tasks(tx, ns, gone),
             "pulse_effects": await effect_store.effect_purge_for_tasks(tx, ns, gone),
+            "pulse_task_identities": await task_store.identity_purge_for_tasks(tx, ns, gone),
             "pulse_tasks": await task_store.task_purge_many(tx, ns, gone),
         }
         if any(counts.values()):

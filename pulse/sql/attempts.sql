@@ -21,34 +21,6 @@ FROM pulse_tasks
 WHERE namespace_id = %(namespace_id)s AND id = %(id)s
 FOR UPDATE
 
--- name: task_due_peek
--- Cheap probe (no lock) before the dispatcher locks anything: the owners of the first due
--- tasks of a queue, so their application rows can be locked first (lock order).
-SELECT owner_id
-FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
-  AND dispatch_at <= %(now)s AND available_at <= %(now)s
-  AND (deadline_at IS NULL OR deadline_at > %(now)s)
-  AND (concurrency_key IS NULL OR %(keys_ok)s = 1)
-ORDER BY dispatch_at, id
-LIMIT %(limit)s
-
--- name: task_claim_due
--- Two-step dispatch, step 1: lock due tasks of one queue in dispatch order. SKIP LOCKED gives
--- concurrent dispatchers disjoint batches (ix_pulse_tasks_dispatch). dispatch_at <= now is
--- implied by available_at <= now but lets the index range stop early.
-SELECT namespace_id, id, owner_id, queue_id, queue_name, kind, payload, priority,
-  available_at, dispatch_at, deadline_at, concurrency_key, state, state_version, attempts,
-  revision
-FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
-  AND dispatch_at <= %(now)s AND available_at <= %(now)s
-  AND (deadline_at IS NULL OR deadline_at > %(now)s)
-  AND (concurrency_key IS NULL OR %(keys_ok)s = 1)
-ORDER BY dispatch_at, id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-
 -- name: task_lease_if_waiting
 -- WAITING → LEASED for the new OFFERED attempt. 0 rows = the task moved on.
 UPDATE pulse_tasks

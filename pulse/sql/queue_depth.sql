@@ -15,20 +15,24 @@ ORDER BY u.unfinished_tasks DESC, u.namespace_id, u.queue_id
 LIMIT %(limit)s
 
 -- name: queue_depth_needs_review_capped
--- NEEDS_REVIEW tasks of one queue, counted up to %(cap)s (an index-only range).
+-- NEEDS_REVIEW tasks of one queue, counted up to %(cap)s (an index-only range of
+-- ix_pulse_tasks_fair).
 SELECT COUNT(*) AS n FROM (
-  SELECT 1 FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_dispatch)
+  SELECT 1 FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
   WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'NEEDS_REVIEW'
   LIMIT %(cap)s) AS r
 
 -- name: queue_depth_oldest_waiting
--- Microseconds since the oldest due WAITING task among the first %(head)s in dispatch order
--- became available (NULL: none is due). With one priority that is the oldest waiting task;
--- with priorities, the oldest unless more than %(head)s higher-priority tasks are ahead of it.
+-- Microseconds since the oldest due WAITING task among the first %(head)s of the queue's
+-- WAITING range of ix_pulse_tasks_fair became available (NULL: none is due). That range is
+-- by fairness subject, each in dispatch order: with one subject (no fairness keys, one
+-- owner) and one priority, the oldest waiting task; with priorities, the oldest unless more
+-- than %(head)s higher-priority tasks are ahead of it; with several subjects, the oldest of
+-- the first subjects' heads.
 SELECT TIMESTAMPDIFF(MICROSECOND, MIN(h.available_at), COALESCE(%(now)s, UTC_TIMESTAMP(6))) AS age_us
 FROM (
-  SELECT available_at FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_dispatch)
+  SELECT available_at FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
   WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
-  ORDER BY dispatch_at, id
+  ORDER BY fair_subject, dispatch_at, id
   LIMIT %(head)s) AS h
 WHERE h.available_at <= COALESCE(%(now)s, UTC_TIMESTAMP(6))

@@ -74,9 +74,9 @@ ORDER BY q.name
 LIMIT %(limit)s
 
 -- name: queue_count_by_state
--- Live counts by state on ix_pulse_tasks_dispatch (namespace_id, queue_id, state, ...).
+-- Live counts by state on ix_pulse_tasks_fair (namespace_id, queue_id, state, ...).
 SELECT state, COUNT(*) AS n
-FROM pulse_tasks
+FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
 WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
 GROUP BY state
 

@@ -129,11 +129,19 @@ GROUP BY session_id
 
 -- name: session_queue_has_due_work
 -- Whether a queue has a due WAITING task other than ``ids`` (the tasks a submit just made):
--- a submit offers its own task only when nothing older or more urgent is due.
-SELECT 1 FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
-  AND dispatch_at <= %(now)s AND id NOT IN %(ids)s
-LIMIT 1
+-- a submit offers its own task only when nothing older or more urgent is due. A bounded
+-- read of the queue's WAITING range of ix_pulse_tasks_fair (by fairness subject, each in
+-- dispatch order, so a subject's due tasks come before its later ones): at most %(scan)s
+-- entries, never a backlog that is not due. ``due``: a due task other than ``ids`` among
+-- them; ``n`` = %(scan)s: the read stopped before the range's end (the caller counts that as
+-- due work: the round dispatches it).
+SELECT COUNT(*) AS n,
+  COALESCE(SUM(h.dispatch_at <= %(now)s AND h.id NOT IN %(ids)s), 0) AS due
+FROM (
+  SELECT dispatch_at, id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
+  WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
+  ORDER BY fair_subject, dispatch_at, id
+  LIMIT %(scan)s) AS h
 
 -- name: session_list_held
 -- Attempts the session holds, for recovery after the session ends.
@@ -164,11 +172,12 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
 -- name: session_keyed_waiting
 -- Whether keyed tasks are among the next due tasks of a queue (told to a session that does
 -- not accept keyed tasks when it is created). Bounded: at most the first 1000 WAITING rows
--- of the queue in dispatch order (ix_pulse_tasks_dispatch), never the whole backlog.
+-- of the queue on ix_pulse_tasks_fair (by fairness subject, each in dispatch order: with one
+-- subject, the queue's dispatch order), never the whole backlog.
 SELECT 1 FROM (
-  SELECT concurrency_key_digest FROM pulse_tasks
+  SELECT concurrency_key_digest FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
   WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s AND state = 'WAITING'
-  ORDER BY dispatch_at, id
+  ORDER BY fair_subject, dispatch_at, id
   LIMIT 1000
 ) due
 WHERE due.concurrency_key_digest IS NOT NULL

@@ -39,15 +39,40 @@ ORDER BY id
 FOR UPDATE
 
 -- name: task_get_by_identity
+-- The task holding an identity: one primary-key read of pulse_task_identities, then of the
+-- task.
 SELECT {cols} FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s AND kind = %(kind)s
-  AND pipeline_version = %(pipeline_version)s AND dedup_key = %(dedup_key)s
+WHERE namespace_id = %(namespace_id)s AND id = (
+  SELECT i.task_id FROM pulse_task_identities i
+  WHERE i.namespace_id = %(namespace_id)s AND i.owner_id = %(owner_id)s AND i.kind = %(kind)s
+    AND i.pipeline_version = %(pipeline_version)s AND i.dedup_key = %(dedup_key)s)
 
 -- name: task_find_identities
--- Existing tasks among a batch's identities, on uq_pulse_tasks_identity.
+-- Existing tasks among a batch's identities: primary-key reads of pulse_task_identities,
+-- then of the tasks.
 SELECT {cols} FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
-  AND (kind, pipeline_version, dedup_key) IN %(identities)s
+WHERE namespace_id = %(namespace_id)s AND id IN (
+  SELECT i.task_id FROM pulse_task_identities i
+  WHERE i.namespace_id = %(namespace_id)s AND i.owner_id = %(owner_id)s
+    AND (i.kind, i.pipeline_version, i.dedup_key) IN %(identities)s)
+
+-- name: identity_insert
+-- The identities of the tasks of one submit that have a dedup key, inserted before the tasks
+-- in the same transaction: a taken identity fails this statement (1062 on its primary key)
+-- and nothing of it is written. Plain placeholders only, so executemany sends one
+-- multi-row INSERT.
+INSERT INTO pulse_task_identities
+  (namespace_id, owner_id, kind, pipeline_version, dedup_key, task_id)
+VALUES
+  (%(namespace_id)s, %(owner_id)s, %(kind)s, %(pipeline_version)s, %(dedup_key)s, %(id)s)
+
+-- name: identity_delete
+-- Takes back the identity one submit just inserted for a task it did not insert after all
+-- (a payload the server refused): a primary-key delete, guarded by the task id.
+DELETE FROM pulse_task_identities
+WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s AND kind = %(kind)s
+  AND pipeline_version = %(pipeline_version)s AND dedup_key = %(dedup_key)s
+  AND task_id = %(id)s
 
 -- name: task_insert
 -- Plain placeholders only, so executemany sends one multi-row INSERT.
@@ -96,8 +121,10 @@ LIMIT %(limit)s
 -- cancel request yet), read without locks; the caller locks them by id afterwards. The
 -- state IN list is a range on the index named in the hint, so tasks finished by earlier
 -- batches are never scanned again (without the hint the optimizer may pick a
--- cross-namespace index).
-SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_owner)
+-- cross-namespace index). By owner: the namespace's unfinished range of
+-- ix_pulse_tasks_state_age, filtered by owner (a namespace's tasks are its application's, or
+-- a few granted owners'); by queue: that queue's range of ix_pulse_tasks_fair.
+SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_state_age)
 WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
   AND state IN ('WAITING', 'LEASED', 'RUNNING')
   AND NOT (state = 'RUNNING' AND cancel_requested = 1)
@@ -106,7 +133,7 @@ WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
 LIMIT %(limit)s
 
 -- name: task_cancel_candidates_by_queue
-SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_dispatch)
+SELECT id, queue_id, owner_id FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
 WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
   AND state IN ('WAITING', 'LEASED', 'RUNNING')
   AND NOT (state = 'RUNNING' AND cancel_requested = 1)
@@ -237,6 +264,15 @@ WHERE namespace_id = %(namespace_id)s AND state = %(state)s
 ORDER BY state_changed_at, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
+
+-- name: identity_purge_for_tasks
+-- Retention purge: the identities of the tasks chosen (before the tasks: found through
+-- their rows, each a primary-key delete).
+DELETE i FROM pulse_task_identities i
+JOIN pulse_tasks t ON t.namespace_id = i.namespace_id AND t.owner_id = i.owner_id
+  AND t.kind = i.kind AND t.pipeline_version = i.pipeline_version AND t.dedup_key = i.dedup_key
+WHERE t.namespace_id = %(namespace_id)s AND t.id IN %(ids)s AND t.dedup_key IS NOT NULL
+  AND t.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND i.task_id = t.id
 
 -- name: task_purge_many
 -- Retention purge: the tasks chosen (still finished: the rows are locked).

@@ -75,10 +75,10 @@ GROUP BY state
 -- name: watchdog_count_stuck_in_queue
 -- Tasks of one queue currently stuck (surfaced and still in the same episode), whatever the
 -- queue's bound is now: what GET queue shows as usage.stuck_tasks and what
--- GET tasks?stuck=true&queue= lists. On ix_pulse_tasks_dispatch (namespace_id, queue_id,
+-- GET tasks?stuck=true&queue= lists. On ix_pulse_tasks_fair (namespace_id, queue_id,
 -- state, ...): the queue's non-terminal tasks only.
 SELECT COUNT(*) AS n
-FROM pulse_tasks
+FROM pulse_tasks FORCE INDEX (ix_pulse_tasks_fair)
 WHERE namespace_id = %(namespace_id)s AND queue_id = %(queue_id)s
   AND state IN ('WAITING', 'LEASED', 'RUNNING', 'NEEDS_REVIEW')
   AND stuck_at >= state_changed_at AND stuck_reason LIKE CONCAT(state, ' %%')

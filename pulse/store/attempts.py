@@ -27,40 +27,6 @@ async def task_lock(tx: Tx, namespace_id: bytes, task_id: bytes) -> Row | None:
     return await tx.fetchone(Q.task_lock, {"namespace_id": namespace_id, "id": task_id})
 
 
-async def task_due_peek(
-    tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, keys_ok: bool, limit: int
-) -> set[bytes]:
-    """Owners of the first ``limit`` due WAITING tasks of the queue (no lock); empty when
-    nothing is due."""
-    rows = await tx.fetchall(
-        Q.task_due_peek,
-        {
-            "namespace_id": namespace_id,
-            "queue_id": queue_id,
-            "now": now,
-            "keys_ok": int(keys_ok),
-            "limit": limit,
-        },
-    )
-    return {r["owner_id"] for r in rows}
-
-
-async def task_claim_due(
-    tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, keys_ok: bool, limit: int
-) -> list[Row]:
-    """Lock up to ``limit`` due WAITING tasks of the queue (SKIP LOCKED), in dispatch order."""
-    return await tx.fetchall(
-        Q.task_claim_due,
-        {
-            "namespace_id": namespace_id,
-            "queue_id": queue_id,
-            "now": now,
-            "keys_ok": int(keys_ok),
-            "limit": limit,
-        },
-    )
-
-
 async def task_lease_if_waiting(tx: Tx, row: Row) -> bool:
     """WAITING → LEASED. False: the task is not WAITING or its revision moved on."""
     return await tx.execute(Q.task_lease_if_waiting, row) == 1

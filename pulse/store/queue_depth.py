@@ -44,7 +44,8 @@ async def queue_depth_needs_review_capped(
 async def queue_depth_oldest_waiting(
     tx: Tx, namespace_id: bytes, queue_id: bytes, head: int, now: datetime | None = None
 ) -> float:
-    """Seconds the oldest due WAITING task (among the first ``head``) has waited; 0 if none."""
+    """Seconds the oldest due WAITING task (among the first ``head`` on the fair index) has
+    waited; 0 if none."""
     us = await tx.fetchval(
         Q.queue_depth_oldest_waiting,
         {"namespace_id": namespace_id, "queue_id": queue_id, "head": head, "now": now},

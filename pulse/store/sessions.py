@@ -134,16 +134,23 @@ async def session_count_held_many(
     return {bytes(r["session_id"]): int(r["n"]) for r in rows}
 
 
+#: WAITING index entries :func:`session_queue_has_due_work` reads beyond ``exclude``'s.
+DUE_WORK_SCAN = 16
+
+
 async def session_queue_has_due_work(
     tx: Tx, namespace_id: bytes, queue_id: bytes, now: datetime, exclude: Sequence[bytes]
 ) -> bool:
-    """A due WAITING task of the queue other than ``exclude``."""
-    value = await tx.fetchval(
+    """A due WAITING task of the queue other than ``exclude`` among its first WAITING entries
+    on the fair index (at most ``len(exclude) + DUE_WORK_SCAN``); True as well when there are
+    more WAITING tasks than that (not all looked at)."""
+    scan = len(exclude) + DUE_WORK_SCAN
+    row = await tx.fetchone(
         Q.session_queue_has_due_work,
         {"namespace_id": namespace_id, "queue_id": queue_id, "now": now,
-         "ids": tuple(exclude)},
+         "ids": tuple(exclude), "scan": scan},
     )  # fmt: skip
-    return value is not None
+    return row is not None and (int(row["due"]) > 0 or int(row["n"]) >= scan)
 
 
 async def session_list_held(
@@ -176,7 +183,7 @@ async def session_close_if_active(
 
 
 async def session_keyed_waiting(tx: Tx, namespace_id: bytes, queue_id: bytes) -> bool:
-    """Keyed tasks among the queue's next (at most 1000) due tasks."""
+    """Keyed tasks among the queue's first (at most 1000) WAITING tasks on the fair index."""
     row = await tx.fetchone(
         Q.session_keyed_waiting, {"namespace_id": namespace_id, "queue_id": queue_id}
     )

@@ -23,9 +23,6 @@ Q_PAGE = Queries({k: v.replace("{cols}", _RAW.task_page_columns) for k, v in _RA
 
 Row = dict[str, Any]
 
-#: Unique index of a task's identity (owner, kind, pipeline_version, dedup_key).
-IDENTITY_INDEX = "uq_pulse_tasks_identity"
-
 
 async def task_get(
     tx: Tx, namespace_id: bytes, task_id: bytes, *, for_update: bool = False
@@ -74,11 +71,35 @@ async def task_find_identities(
     return {(r["kind"], r["pipeline_version"], r["dedup_key"]): r for r in rows}
 
 
-async def task_insert_many(tx: Tx, rows: Sequence[Row]) -> None:
-    """Insert tasks with one multi-row INSERT.
+async def identity_insert_many(tx: Tx, rows: Sequence[Row]) -> int:
+    """Insert the identities of the tasks of ``rows`` (keys of ``task_insert``) that have a
+    dedup key, with one multi-row INSERT; the number inserted. Raises DuplicateKey when any
+    identity is taken (nothing inserted). Runs before the tasks' own INSERT, in the same
+    transaction."""
+    keyed = [r for r in rows if r["dedup_key"] is not None]
+    if keyed:
+        await tx.executemany(Q.identity_insert, keyed)
+    return len(keyed)
 
-    Raises DuplicateKey(:data:`IDENTITY_INDEX`) when any identity exists (nothing inserted).
-    """
+
+async def identity_delete(tx: Tx, row: Row) -> None:
+    """Take back the identity :func:`identity_insert_many` inserted for ``row``'s task."""
+    if row["dedup_key"] is not None:
+        await tx.execute(Q.identity_delete, row)
+
+
+async def identity_purge_for_tasks(tx: Tx, namespace_id: bytes, ids: Sequence[bytes]) -> int:
+    """Retention purge: delete the identities of these finished tasks (before the tasks)."""
+    if not ids:
+        return 0
+    return await tx.execute(
+        Q.identity_purge_for_tasks, {"namespace_id": namespace_id, "ids": tuple(ids)}
+    )
+
+
+async def task_insert_many(tx: Tx, rows: Sequence[Row]) -> None:
+    """Insert tasks with one multi-row INSERT (their identities first:
+    :func:`identity_insert_many`)."""
     if rows:
         await tx.executemany(Q.task_insert, rows)
 
@@ -96,7 +117,7 @@ async def task_insert_literal(tx: Tx, rows: Sequence[Row]) -> None:
     """:func:`task_insert_many` for big batches: the same multi-row INSERT, its values
     rendered as memoised SQL literals (orbit/storage/literals.py) instead of being escaped
     by the driver one parameter at a time. ``rows`` have the keys of ``task_insert``
-    (``state_changed_at`` is ``created_at``). Raises DuplicateKey like task_insert_many."""
+    (``state_changed_at`` is ``created_at``)."""
     if not rows:
         return
     columns = ["created_at" if c == "state_changed_at" else c for c in _INSERT_COLUMNS]

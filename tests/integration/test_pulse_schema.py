@@ -1,5 +1,6 @@
-"""The Pulse schema (migrations/0002_pulse.sql) on a real MariaDB: every named CHECK rejects a
-bad row, the immutable-history triggers, the task identity key, comments, zero foreign keys."""
+"""The Pulse schema (migrations/0002_pulse.sql and later) on a real MariaDB: every named CHECK
+rejects a bad row, the immutable-history triggers, the task identity key, the secondary indexes
+of pulse_tasks, comments, zero foreign keys."""
 
 from __future__ import annotations
 
@@ -196,19 +197,49 @@ def test_triggers_are_exactly_the_immutable_ones(conn: pymysql.connections.Conne
     assert found == {(t, m, "BEFORE") for t in IMMUTABLE for m in ("UPDATE", "DELETE")}
 
 
-def test_identity_allows_many_null_dedup_keys_but_not_two_equal(
+def test_identity_is_the_primary_key_of_pulse_task_identities(
     conn: pymysql.connections.Connection,
 ) -> None:
+    """A task's identity (owner, kind, pipeline_version, dedup_key) is unique per namespace:
+    the primary key of pulse_task_identities (migration 0018), where only tasks with a dedup
+    key have a row; pulse_tasks itself has no unique key besides its primary key."""
     base = base_rows()["pulse_tasks"]
-    for _ in range(3):  # NULL dedup_key: no identity, never collides
+    for _ in range(3):  # NULL dedup_key: no identity row, never collides
         insert(conn, "pulse_tasks", {**base, "id": rid(), "dedup_key": None})
-    insert(conn, "pulse_tasks", {**base, "id": rid(), "dedup_key": "d-1"})
-    with pytest.raises(pymysql.err.IntegrityError) as info:
+    for _ in range(2):  # the tasks' table does not refuse an equal identity by itself
         insert(conn, "pulse_tasks", {**base, "id": rid(), "dedup_key": "d-1"})
-    assert info.value.args[0] == 1062 and "uq_pulse_tasks_identity" in str(info.value.args[1])
-    # The identity is per owner and per pipeline_version: these are new tasks.
-    insert(conn, "pulse_tasks", {**base, "id": rid(), "dedup_key": "d-1", "owner_id": rid()})
-    insert(conn, "pulse_tasks", {**base, "id": rid(), "dedup_key": "d-1", "pipeline_version": "v2"})
+    ident = {k: base[k] for k in ("namespace_id", "owner_id", "kind")}
+    ident |= {"pipeline_version": "", "dedup_key": "d-1", "task_id": rid()}
+    insert(conn, "pulse_task_identities", ident)
+    with pytest.raises(pymysql.err.IntegrityError) as info:
+        insert(conn, "pulse_task_identities", {**ident, "task_id": rid()})
+    assert info.value.args[0] == 1062 and "PRIMARY" in str(info.value.args[1])
+    # The identity is per owner and per pipeline_version: these are new identities.
+    insert(conn, "pulse_task_identities", {**ident, "owner_id": rid()})
+    insert(conn, "pulse_task_identities", {**ident, "pipeline_version": "v2"})
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE()"
+            " AND TABLE_NAME = 'pulse_tasks' AND NON_UNIQUE = 0"
+        )
+        assert {r[0] for r in cur.fetchall()} == {"PRIMARY"}
+
+
+def test_pulse_tasks_keeps_four_secondary_indexes(conn: pymysql.connections.Connection) -> None:
+    """The lean write path (migration 0018): every secondary index of pulse_tasks is written
+    at each insert, and each one holding ``state`` at each state change."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT INDEX_NAME, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX)"
+            " FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE()"
+            " AND TABLE_NAME = 'pulse_tasks' AND INDEX_NAME <> 'PRIMARY' GROUP BY INDEX_NAME"
+        )
+        assert dict(cur.fetchall()) == {
+            "ix_pulse_tasks_fair": "namespace_id,queue_id,state,fair_subject,dispatch_at,id",
+            "ix_pulse_tasks_state_age": "namespace_id,state,state_changed_at",
+            "ix_pulse_tasks_created": "namespace_id,created_at,id",
+            "ix_pulse_tasks_deadline_due": "deadline_due",
+        }
 
 
 def test_dispatch_at_is_available_at_minus_priority_steps(

@@ -1,0 +1,39 @@
+-- A leaner write path for tasks: of the secondary indexes of pulse_tasks, every one that
+-- holds `state` is rewritten at each state change (one new entry, one delete-marked; a task
+-- changes state three times: offered, started, finished), and every one is written at insert.
+-- Three go, and the task identity moves to a sparse table:
+--   * ix_pulse_tasks_dispatch (namespace_id, queue_id, state, dispatch_at, id): its readers
+--     (counts by state, queue-wide bulk cancel, queue depth, the submit's offer check, the
+--     keyed-task hint) read ix_pulse_tasks_fair (namespace_id, queue_id, state, ...), the
+--     same prefix; what needs dispatch order walks it one fairness subject at a time;
+--   * ix_pulse_tasks_owner (namespace_id, owner_id, state, queue_id): the bulk cancel by owner
+--     reads the unfinished range of ix_pulse_tasks_state_age (a namespace's tasks are its
+--     application's, or a few granted owners');
+--   * uq_pulse_tasks_identity (namespace_id, owner_id, kind, pipeline_version, dedup_key)
+--     becomes pulse_task_identities, one row per task WITH a dedup key (its primary key is the
+--     identity, so a duplicate is refused as before), written by the submit's transaction,
+--     deleted with the task by the retention purge. A task without a dedup key (most) writes
+--     no identity entry at all. Backfilled from the tasks that have one.
+-- Rules: docs/architecture.md (no foreign keys, comments on every column).
+
+CREATE TABLE pulse_task_identities (
+  namespace_id BINARY(16) NOT NULL COMMENT 'owning namespace',
+  owner_id BINARY(16) NOT NULL COMMENT 'the task''s owner (pulse_tasks.owner_id)',
+  kind VARCHAR(255) NOT NULL COMMENT 'the task''s kind',
+  pipeline_version VARCHAR(64) NOT NULL COMMENT 'the task''s pipeline_version',
+  dedup_key VARCHAR(255) NOT NULL COMMENT 'the task''s dedup_key (tasks without one have no row)',
+  task_id BINARY(16) NOT NULL COMMENT 'pulse_tasks.id of the task holding this identity',
+  PRIMARY KEY (namespace_id, owner_id, kind, pipeline_version, dedup_key)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
+  COMMENT='Task identities (owner, kind, pipeline_version, dedup_key) unique per namespace: one row per task with a dedup key';
+
+INSERT INTO pulse_task_identities (namespace_id, owner_id, kind, pipeline_version, dedup_key, task_id)
+SELECT namespace_id, owner_id, kind, pipeline_version, dedup_key, id
+FROM pulse_tasks
+WHERE dedup_key IS NOT NULL;
+
+ALTER TABLE pulse_tasks
+  DROP KEY uq_pulse_tasks_identity,
+  DROP KEY ix_pulse_tasks_dispatch,
+  DROP KEY ix_pulse_tasks_owner,
+  COMMENT='Tasks: one owner each; identity (owner, kind, pipeline_version, dedup_key) unique per namespace in pulse_task_identities'
