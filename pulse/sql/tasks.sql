@@ -47,14 +47,12 @@ WHERE namespace_id = %(namespace_id)s AND id = (
   WHERE i.namespace_id = %(namespace_id)s AND i.owner_id = %(owner_id)s AND i.kind = %(kind)s
     AND i.pipeline_version = %(pipeline_version)s AND i.dedup_key = %(dedup_key)s)
 
--- name: task_find_identities
--- Existing tasks among a batch's identities: primary-key reads of pulse_task_identities,
--- then of the tasks.
-SELECT {cols} FROM pulse_tasks
-WHERE namespace_id = %(namespace_id)s AND id IN (
-  SELECT i.task_id FROM pulse_task_identities i
-  WHERE i.namespace_id = %(namespace_id)s AND i.owner_id = %(owner_id)s
-    AND (i.kind, i.pipeline_version, i.dedup_key) IN %(identities)s)
+-- name: identity_find_tasks
+-- The tasks holding some of a batch's identities (primary-key reads); the tasks are then
+-- read by id (task_get_many).
+SELECT task_id FROM pulse_task_identities
+WHERE namespace_id = %(namespace_id)s AND owner_id = %(owner_id)s
+  AND (kind, pipeline_version, dedup_key) IN %(identities)s
 
 -- name: identity_insert
 -- The identities of the tasks of one submit that have a dedup key, inserted before the tasks

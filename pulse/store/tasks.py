@@ -61,14 +61,18 @@ async def task_get_by_identity(
 async def task_find_identities(
     tx: Tx, namespace_id: bytes, owner_id: bytes, identities: Sequence[tuple[str, str, str]]
 ) -> dict[tuple[str, str, str], Row]:
-    """Existing tasks of ``owner_id`` among ``(kind, pipeline_version, dedup_key)`` tuples."""
+    """Existing tasks of ``owner_id`` among ``(kind, pipeline_version, dedup_key)`` tuples:
+    their ids from pulse_task_identities, then the tasks by id (two primary-key reads)."""
     if not identities:
         return {}
-    rows = await tx.fetchall(
-        Q.task_find_identities,
+    found = await tx.fetchall(
+        Q.identity_find_tasks,
         {"namespace_id": namespace_id, "owner_id": owner_id, "identities": tuple(identities)},
     )
-    return {(r["kind"], r["pipeline_version"], r["dedup_key"]): r for r in rows}
+    if not found:
+        return {}
+    rows = await task_get_many(tx, namespace_id, [bytes(r["task_id"]) for r in found])
+    return {(r["kind"], r["pipeline_version"], r["dedup_key"]): r for r in rows.values()}
 
 
 async def identity_insert_many(tx: Tx, rows: Sequence[Row]) -> int:
