@@ -180,7 +180,8 @@ async def _insert(
     """Insert ``rows``; return the positions actually inserted.
 
     The identities of the rows with a dedup key go first (pulse_task_identities, one
-    multi-row INSERT), then the tasks (one multi-row INSERT). When either fails (an identity
+    multi-row INSERT), then the tasks (one multi-row INSERT), then the deadlines of the rows
+    with one (pulse_task_deadlines, one multi-row INSERT). When one of the first two fails (an identity
     committed meanwhile by a concurrent submit to another queue, or a payload the server's
     JSON_VALID rejects) the failed statement alone is rolled back, the identities already
     written are taken back, and the rows go in one by one, each failure becoming that item's
@@ -196,6 +197,7 @@ async def _insert(
             await store.task_insert_literal(tx, rows)
         else:
             await store.task_insert_many(tx, rows)
+        await store.deadline_insert_many(tx, rows)
         return list(range(len(rows)))
     except DuplicateKey:
         if identities_in:  # the tasks' own primary key: not an identity
@@ -218,6 +220,7 @@ async def _insert(
             continue
         try:
             await store.task_insert_many(tx, [row])
+            await store.deadline_insert_many(tx, [row])
             inserted.append(k)
         except CheckViolation:
             await store.identity_delete(tx, row)

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -631,51 +632,63 @@ async def expire_deadlines_once(
 ) -> int:
     """Move up to ``limit`` WAITING tasks (any namespace) whose ``deadline_at`` has passed to
     FAILED with ``{"type": "deadline_exceeded"}``; return how many. Safe on many nodes at
-    once (candidates are claimed with SKIP LOCKED). Judged by the database clock.
+    once (candidates are claimed with SKIP LOCKED). Judged by the database clock. Then, in a
+    transaction of its own, deletes up to ``limit`` deadline rows past their deadline whose
+    task is finished, gone or without that deadline (pulse_task_deadlines: a row outlives
+    its task's wait, so the scan stays the size of what is in flight).
     """
+    expired = await db.transaction(partial(_expire, limit=limit, now=now))
 
-    async def run(tx: Tx) -> int:
+    async def clean(tx: Tx) -> None:
         stamp = await clock_now(tx, now)
-        candidates = await store.task_expire_candidates(tx, stamp, limit)
-        if not candidates:
-            return 0
-        # Lock order across namespaces: every owner's resources row, then every queue's
-        # usage row, then the tasks (SKIP LOCKED), then the result streams.
-        for app in sorted({c["owner_id"] for c in candidates}):
-            await orbit_resources.lock_resources(tx, app)
-        for ns, queue_id in sorted({(c["namespace_id"], c["queue_id"]) for c in candidates}):
-            await queue_store.queue_usage_lock(tx, ns, queue_id)
         by_ns: dict[bytes, list[bytes]] = {}
-        for c in candidates:
-            by_ns.setdefault(c["namespace_id"], []).append(c["id"])
-        err = _ENC.encode(
-            {"type": "deadline_exceeded", "message": "the deadline passed before the task started"}
-        ).decode()
-        done: dict[bytes, list[bytes]] = {}
+        for r in await store.deadline_stale_rows(tx, stamp, limit):
+            by_ns.setdefault(bytes(r["namespace_id"]), []).append(bytes(r["task_id"]))
         for ns, ids in sorted(by_ns.items()):
-            deltas: dict[tuple[bytes, bytes], int] = {}
-            for row in await store.task_lock_expired_many(tx, ns, sorted(ids), stamp):
-                ok = await store.task_fail_deadline_if_waiting(
-                    tx, ns, row["id"], row["revision"], err, stamp
-                )
-                assert ok, "the task row is locked"
-                done.setdefault(ns, []).append(row["id"])
-                key = (row["queue_id"], row["owner_id"])
-                deltas[key] = deltas.get(key, 0) + 1
-            for (queue_id, owner_id), n in sorted(deltas.items()):
-                await transitions.adjust_usage(tx, ns, queue_id, -n, owner_id=owner_id)
-        # Result streams last, one namespace after the other in a fixed order.
-        for ns, ids in sorted(done.items()):
-            after = await store.task_get_many(tx, ns, ids)
-            await transitions.record_many(
-                tx,
-                ns,
-                [
-                    (after[i], transitions.EVENT_FAILED, {"reason": "deadline_exceeded"})
-                    for i in ids
-                ],
-                now=stamp,
-            )
-        return sum(len(ids) for ids in done.values())
+            await store.deadline_delete_many(tx, ns, sorted(ids), stamp)
 
-    return await db.transaction(run)
+    await db.transaction(clean)
+    return expired
+
+
+async def _expire(tx: Tx, *, limit: int, now: datetime | None) -> int:
+    """The sweep's transaction: fail the WAITING tasks past their deadline."""
+    stamp = await clock_now(tx, now)
+    candidates = await store.task_expire_candidates(tx, stamp, limit)
+    if not candidates:
+        return 0
+    # Lock order across namespaces: every owner's resources row, then every queue's
+    # usage row, then the tasks (SKIP LOCKED), then the result streams.
+    for app in sorted({c["owner_id"] for c in candidates}):
+        await orbit_resources.lock_resources(tx, app)
+    for ns, queue_id in sorted({(c["namespace_id"], c["queue_id"]) for c in candidates}):
+        await queue_store.queue_usage_lock(tx, ns, queue_id)
+    by_ns: dict[bytes, list[bytes]] = {}
+    for c in candidates:
+        by_ns.setdefault(c["namespace_id"], []).append(c["id"])
+    err = _ENC.encode(
+        {"type": "deadline_exceeded", "message": "the deadline passed before the task started"}
+    ).decode()
+    done: dict[bytes, list[bytes]] = {}
+    for ns, ids in sorted(by_ns.items()):
+        deltas: dict[tuple[bytes, bytes], int] = {}
+        for row in await store.task_lock_expired_many(tx, ns, sorted(ids), stamp):
+            ok = await store.task_fail_deadline_if_waiting(
+                tx, ns, row["id"], row["revision"], err, stamp
+            )
+            assert ok, "the task row is locked"
+            done.setdefault(ns, []).append(row["id"])
+            key = (row["queue_id"], row["owner_id"])
+            deltas[key] = deltas.get(key, 0) + 1
+        for (queue_id, owner_id), n in sorted(deltas.items()):
+            await transitions.adjust_usage(tx, ns, queue_id, -n, owner_id=owner_id)
+    # Result streams last, one namespace after the other in a fixed order.
+    for ns, ids in sorted(done.items()):
+        after = await store.task_get_many(tx, ns, ids)
+        await transitions.record_many(
+            tx,
+            ns,
+            [(after[i], transitions.EVENT_FAILED, {"reason": "deadline_exceeded"}) for i in ids],
+            now=stamp,
+        )
+    return sum(len(ids) for ids in done.values())

@@ -54,6 +54,7 @@ ALLOW: dict[str, str] = {
     "attempt_list_expired": "recovery of attempts whose lease expired (pulse.recovery)",
     "session_list_expired": "recovery of worker sessions that stopped heartbeating",
     "task_expire_candidates": "WAITING tasks past their deadline (SKIP LOCKED sweep)",
+    "deadline_stale_rows": "deadline rows of finished or purged tasks (the deadline sweep)",
     # Pulse scheduler: lock the most overdue unpaused schedule of any namespace (index
     # (paused, check_at), FOR UPDATE SKIP LOCKED, LIMIT 1); the work on it is keyed by
     # (namespace_id, id) (pulse.scheduler).

@@ -213,14 +213,43 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND revision = %(revision)
   AND state = 'NEEDS_REVIEW'
 
 -- name: task_expire_candidates
--- Cross-namespace background scan (allow-listed): WAITING tasks past their deadline,
--- on ix_pulse_tasks_deadline_due (deadline_due: a WAITING task's deadline, NULL otherwise),
--- read without locks. The sweep then locks the usage rows (lock order) and the tasks with
--- task_lock_expired_many.
-SELECT namespace_id, id, queue_id, owner_id FROM pulse_tasks
-WHERE deadline_due <= %(now)s
-ORDER BY deadline_due
+-- Cross-namespace background scan (allow-listed): WAITING tasks past their deadline, from
+-- the rows of pulse_task_deadlines whose deadline passed (ix_pulse_task_deadlines_due, one
+-- primary-key read of the task each), read without locks. The range also holds the tasks
+-- offered, running or in review past their deadline (at most what is in flight) until they
+-- finish; finished ones are deleted by deadline_delete_many. The sweep then locks the usage
+-- rows (lock order) and the tasks with task_lock_expired_many.
+SELECT d.namespace_id, d.task_id AS id, t.queue_id, t.owner_id
+FROM pulse_task_deadlines d FORCE INDEX (ix_pulse_task_deadlines_due)
+JOIN pulse_tasks t ON t.namespace_id = d.namespace_id AND t.id = d.task_id
+WHERE d.deadline_at <= %(now)s AND t.state = 'WAITING' AND t.deadline_at <= %(now)s
+ORDER BY d.deadline_at
 LIMIT %(limit)s
+
+-- name: deadline_stale_rows
+-- Cross-namespace background scan (allow-listed): deadline rows past their deadline whose
+-- task is finished, gone (purged) or no longer has that deadline (a re-run drops a passed
+-- one) — never needed again, as nothing gives a task a deadline after its submit.
+SELECT d.namespace_id, d.task_id
+FROM pulse_task_deadlines d FORCE INDEX (ix_pulse_task_deadlines_due)
+LEFT JOIN pulse_tasks t ON t.namespace_id = d.namespace_id AND t.id = d.task_id
+WHERE d.deadline_at <= %(now)s
+  AND (t.id IS NULL OR t.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+       OR t.deadline_at IS NULL OR t.deadline_at <> d.deadline_at)
+ORDER BY d.deadline_at
+LIMIT %(limit)s
+
+-- name: deadline_insert
+-- The deadlines of the tasks of one submit that have one, inserted after the tasks in the
+-- same transaction. Plain placeholders only, so executemany sends one multi-row INSERT.
+INSERT INTO pulse_task_deadlines (namespace_id, task_id, deadline_at)
+VALUES (%(namespace_id)s, %(id)s, %(deadline_at)s)
+
+-- name: deadline_delete_many
+-- The deadline rows deadline_stale_rows found, of one namespace (primary-key deletes; only
+-- past deadlines).
+DELETE FROM pulse_task_deadlines
+WHERE namespace_id = %(namespace_id)s AND task_id IN %(ids)s AND deadline_at <= %(now)s
 
 -- name: task_lock_expired_many
 -- Locks the candidates that are still WAITING past their deadline; SKIP LOCKED leaves the

@@ -243,6 +243,32 @@ async def task_resolve_finish_if_review(
     return n == 1
 
 
+async def deadline_insert_many(tx: Tx, rows: Sequence[Row]) -> int:
+    """Insert the deadline rows of the tasks of ``rows`` (keys of ``task_insert``) that have
+    a deadline, with one multi-row INSERT (after the tasks, same transaction)."""
+    timed = [r for r in rows if r["deadline_at"] is not None]
+    if timed:
+        await tx.executemany(Q.deadline_insert, timed)
+    return len(timed)
+
+
+async def deadline_stale_rows(tx: Tx, now: datetime, limit: int) -> list[Row]:
+    """Deadline rows (any namespace) past their deadline whose task is finished, gone or
+    without that deadline: ``namespace_id``, ``task_id``."""
+    return await tx.fetchall(Q.deadline_stale_rows, {"now": now, "limit": limit})
+
+
+async def deadline_delete_many(
+    tx: Tx, namespace_id: bytes, task_ids: Sequence[bytes], now: datetime
+) -> int:
+    if not task_ids:
+        return 0
+    return await tx.execute(
+        Q.deadline_delete_many,
+        {"namespace_id": namespace_id, "ids": tuple(task_ids), "now": now},
+    )
+
+
 async def task_expire_candidates(tx: Tx, now: datetime, limit: int) -> list[Row]:
     """Up to ``limit`` WAITING tasks past their deadline, any namespace, unlocked."""
     return await tx.fetchall(Q.task_expire_candidates, {"now": now, "limit": limit})

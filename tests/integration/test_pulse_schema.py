@@ -225,7 +225,7 @@ def test_identity_is_the_primary_key_of_pulse_task_identities(
         assert {r[0] for r in cur.fetchall()} == {"PRIMARY"}
 
 
-def test_pulse_tasks_keeps_four_secondary_indexes(conn: pymysql.connections.Connection) -> None:
+def test_pulse_tasks_keeps_three_secondary_indexes(conn: pymysql.connections.Connection) -> None:
     """The lean write path (migration 0018): every secondary index of pulse_tasks is written
     at each insert, and each one holding ``state`` at each state change."""
     with conn.cursor() as cur:
@@ -238,7 +238,6 @@ def test_pulse_tasks_keeps_four_secondary_indexes(conn: pymysql.connections.Conn
             "ix_pulse_tasks_fair": "namespace_id,queue_id,state,fair_subject,dispatch_at,id",
             "ix_pulse_tasks_state_age": "namespace_id,state,state_changed_at",
             "ix_pulse_tasks_created": "namespace_id,created_at,id",
-            "ix_pulse_tasks_deadline_due": "deadline_due",
         }
 
 
