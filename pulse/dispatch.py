@@ -21,7 +21,9 @@ and recovery returns the task to WAITING. Concurrent dispatchers (threads, proce
 nodes) get disjoint tasks from SKIP LOCKED; the guarded lease UPDATE and the start
 transaction's checks mean no task is offered twice at once and no attempt starts twice.
 New work wakes this node's dispatcher at once (Hub.notify_new_work); other nodes find it
-within ``dispatch_poll_ms``. docs/dispatch.md explains the whole picture.
+within ``dispatch_poll_ms`` — or, on a node whose looks keep finding nothing due, within
+``dispatch_idle_poll_ms`` (the interval doubles after each empty round up to it).
+docs/dispatch.md explains the whole picture.
 """
 
 from __future__ import annotations
@@ -212,12 +214,18 @@ class Dispatcher:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Dispatch until ``stop`` is set (or the task is cancelled): at once when woken, else
-        every ``dispatch_poll_ms`` (with jitter, so nodes do not poll in step)."""
+        every ``dispatch_poll_ms`` (with jitter, so nodes do not poll in step) — doubled
+        after each round that offered nothing and saw nothing due later, up to
+        ``dispatch_idle_poll_ms``, until a round offers, a look sees a due time or the hub
+        wakes it (:func:`idle_poll_s`)."""
         poll_s = self.settings.dispatch_poll_ms / 1000
+        idle_max_s = max(poll_s, self.settings.dispatch_idle_poll_ms / 1000)
+        empty = 0  # rounds in a row that offered nothing and saw nothing due later
         while stop is None or not stop.is_set():
             self._more = False
+            offered = 0
             try:
-                await self.run_once()
+                offered = await self.run_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -226,10 +234,25 @@ class Dispatcher:
             if self._more:
                 await asyncio.sleep(0)
                 continue
-            wait = poll_s * random.uniform(0.8, 1.2)
+            empty = empty + 1 if offered == 0 and self._wake_in is None else 0
+            wait = idle_poll_s(poll_s, idle_max_s, empty) * random.uniform(0.8, 1.2)
             if self._wake_in is not None:  # a delayed task becomes due sooner: wake then
                 wait = min(wait, max(0.0, self._wake_in) + 0.001)
-            await self.hub.wait_for_work(wait, stop)
+            if await self.hub.wait_for_work(wait, stop):
+                empty = 0  # woken: new work here, back to the short interval
+
+
+def idle_poll_s(poll_s: float, idle_max_s: float, empty_rounds: int) -> float:
+    """The dispatcher's wait after ``empty_rounds`` rounds in a row that offered nothing
+    and saw nothing due later: ``poll_s`` after the first, doubled after each further one,
+    at most ``idle_max_s``."""
+    cap = max(poll_s, idle_max_s)
+    wait = poll_s
+    for _ in range(max(0, empty_rounds - 1)):
+        wait *= 2
+        if wait >= cap:
+            return cap
+    return wait
 
 
 def _split(conns: Sequence[Connection]) -> list[list[Connection]]:

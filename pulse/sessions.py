@@ -73,6 +73,10 @@ class WorkerSettings:
     offer_depth_percent: int = 0
     #: Dispatcher polling interval across nodes (within a node, new work wakes it at once).
     dispatch_poll_ms: int = 250
+    #: Longest polling interval of a dispatcher whose looks keep finding nothing due: after
+    #: each empty round the interval doubles from ``dispatch_poll_ms`` up to this; any work,
+    #: wake-up or due time brings it back. Work submitted on another node is found within it.
+    dispatch_idle_poll_ms: int = 1_000
     #: Recovery loop interval and batch size.
     recovery_interval_ms: int = 1_000
     recovery_batch: int = 200

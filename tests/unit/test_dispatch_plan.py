@@ -97,3 +97,14 @@ def test_a_fairness_key_is_1_to_128_characters_and_a_bad_one_names_the_field() -
             msgspec.json.decode(
                 b'{"queue": "q", "kind": "k", "fairness_key": ' + bad + b"}", type=TaskSubmit
             )
+
+
+def test_an_idle_dispatcher_polls_less_often_up_to_its_bound() -> None:
+    from pulse.dispatch import idle_poll_s
+
+    assert idle_poll_s(0.25, 1.0, 0) == 0.25  # a round that offered or saw a due time
+    assert idle_poll_s(0.25, 1.0, 1) == 0.25
+    assert idle_poll_s(0.25, 1.0, 2) == 0.5
+    assert idle_poll_s(0.25, 1.0, 3) == 1.0
+    assert idle_poll_s(0.25, 1.0, 50) == 1.0
+    assert idle_poll_s(10.0, 1.0, 5) == 10.0  # never shorter than dispatch_poll_ms
