@@ -27,6 +27,7 @@ The offer is still only a lease on the task row; the start round issues the exec
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ ROUND_MAX_OFFERS = 512
 #: offered in one round (a pool cut by it runs again at once: a large pool is served over
 #: several short rounds).
 POOL_MAX_OFFERS = 256
+
+#: A queue whose look found two fairness subjects or more counts as shared for this long
+#: (seconds): the offer depth (WorkerSettings.offer_depth_percent) applies to its sessions.
+SHARED_QUEUE_S = 10.0
 
 DENIAL_RESERVATIONS = "reservations"
 DENIAL_QUEUE_PERMITS = "queue_permits"
@@ -115,6 +120,8 @@ class NodeRound:
         self.cursors: dict[QueueKey, bytes] = {}
         #: Subjects each queue had at its last look (sizes the next look's first round trip).
         self.walks: dict[QueueKey, int] = {}
+        #: Until when (monotonic) each queue counts as shared by several subjects.
+        self.shared: dict[QueueKey, float] = {}
         #: The last look found due work: the next round looks inside its transaction.
         self._busy = False
 
@@ -162,6 +169,10 @@ class NodeRound:
         if len(self.walks) > 10_000:
             self.walks.clear()
         self.walks.update(counts)
+        until = time.monotonic() + SHARED_QUEUE_S
+        if len(self.shared) > 10_000:
+            self.shared.clear()
+        self.shared.update((qk, until) for qk, n in counts.items() if n >= 2)
         return Look(dict(subjects), owners, wake)
 
     async def run(
@@ -248,7 +259,7 @@ class NodeRound:
             if slots <= 0:
                 out.outcomes[i].at_capacity = True
                 continue
-            if self.offer_depth_percent > 0:
+            if self.offer_depth_percent > 0 and self._shared(c):
                 depth = -(-int(row["max_concurrency"]) * self.offer_depth_percent // 100)
                 depth_room = depth - int(row["offered"])
                 c.depth_capped = depth_room < slots  # its next start wakes the dispatcher
@@ -305,6 +316,12 @@ class NodeRound:
             self._mark(pool_list, the_plan, dealt)
         self.served.round += 1
         return out
+
+    def _shared(self, c: Connection) -> bool:
+        """Whether one of the session's queues was shared by several fairness subjects at a
+        recent look (the offer depth applies: a one-subject queue gains nothing from it)."""
+        mono = time.monotonic()
+        return any(self.shared.get((c.info.namespace_id, q.id), 0.0) > mono for q in c.queues)
 
     async def _write(
         self,

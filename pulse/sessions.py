@@ -67,8 +67,9 @@ class WorkerSettings:
     #: 256 a pool per round (pulse/dispatch_round.py ``POOL_MAX_OFFERS``).
     dispatch_batch: int = 32
     #: Most offered attempts a session holds not started yet, in percent of its
-    #: max_concurrency (rounded up; 0: no limit but max_concurrency): a shallower offer
-    #: pipeline, so a task of a subject that was not in play waits behind fewer tasks already
+    #: max_concurrency (rounded up; 0: no limit but max_concurrency), while one of its queues
+    #: is shared by several fairness subjects (seen by a look in the last 10 s): a shallower
+    #: offer pipeline, so a task of a subject new in play waits behind fewer tasks already
     #: offered. A start by a session the limit cut wakes the dispatcher.
     offer_depth_percent: int = 0
     #: Dispatcher polling interval across nodes (within a node, new work wakes it at once).

@@ -1,8 +1,9 @@
 """The offer depth (``WorkerSettings.offer_depth_percent``, docs/dispatch.md "Capacity and
-backpressure"): a session holds at most that share of its ``max_concurrency`` as offered
-attempts not started yet; started ones free depth, and a connection the depth cut is marked
-so its next start wakes the dispatcher. Off (0) by default: a session is offered up to its
-free slots."""
+backpressure"): while one of its queues is shared by several fairness subjects, a session
+holds at most that share of its ``max_concurrency`` as offered attempts not started yet;
+started ones free depth, and a connection the depth cut is marked so its next start wakes
+the dispatcher. A queue of one subject, or the setting off (0, the default): a session is
+offered up to its free slots."""
 
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ async def _start(db, t, conn, offer) -> wire.Started:
     return started
 
 
+def _hub(percent: int) -> Hub:
+    settings = sessions.WorkerSettings(offer_depth_percent=percent)
+    return Hub(f"node-depth-{time.monotonic_ns()}", settings)
+
+
 async def test_a_session_holds_at_most_its_offer_depth_not_started(db, tenant) -> None:
     t = await tenant()
-    for _ in range(20):
-        await t.submit()
-    settings = sessions.WorkerSettings(offer_depth_percent=25)
-    hub = Hub(f"node-depth-{time.monotonic_ns()}", settings)
+    for i in range(20):
+        await t.submit(fairness_key=f"user-{i % 2}")  # two subjects share the queue
+    hub = _hub(25)
     conn = await connect(db, hub, (await open_session(db, t, max_concurrency=8))[0])
     d = Dispatcher(db, hub)
     # 8 free slots, a depth of 2 (25 % of 8): two offers, and the connection is marked.
@@ -51,9 +56,20 @@ async def test_a_session_holds_at_most_its_offer_depth_not_started(db, tenant) -
 
 async def test_without_an_offer_depth_a_session_gets_its_free_slots(db, tenant) -> None:
     t = await tenant()
+    for i in range(10):
+        await t.submit(fairness_key=f"user-{i % 2}")
+    hub = Hub(f"node-depth-off-{time.monotonic_ns()}")
+    conn = await connect(db, hub, (await open_session(db, t, max_concurrency=8))[0])
+    assert await Dispatcher(db, hub).dispatch_to(conn) == 8
+    assert not conn.depth_capped
+    await check_invariants(db, t.namespace_id)
+
+
+async def test_a_queue_of_one_subject_is_not_held_to_the_depth(db, tenant) -> None:
+    t = await tenant()
     for _ in range(10):
         await t.submit()
-    hub = Hub(f"node-depth-off-{time.monotonic_ns()}")
+    hub = _hub(25)
     conn = await connect(db, hub, (await open_session(db, t, max_concurrency=8))[0])
     assert await Dispatcher(db, hub).dispatch_to(conn) == 8
     assert not conn.depth_capped
