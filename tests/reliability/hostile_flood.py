@@ -12,14 +12,16 @@ token), ``subscriptions`` (names), ``seconds``. For ``seconds`` it runs, all at 
 * subscription pulls (``max`` 500, on subscriptions that start at the earliest event);
 * ``/metrics`` scrapes.
 
-At the end it prints one JSON line of counts (requests by kind and status, frames sent,
-closes by code) on stdout.
+At the end (``seconds`` passed, or SIGTERM) it prints one JSON line of counts (requests by
+kind and status, frames sent, closes by code) on stdout. The test pauses it with SIGSTOP
+between its measured phases, so the flood's own clock keeps running meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from collections import Counter
@@ -32,12 +34,22 @@ BAD_FRAMES = ["{", "[" * 2000 + "]" * 2000, '{"type": "nope", "msg_id": "x"}', "
               '{"type": "heartbeat"}', '{"type": "start", "msg_id": "m", "attempt_id": "zz"}']  # fmt: skip
 
 
+class Stop:
+    """When the flood ends (monotonic seconds); SIGTERM moves it to now."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def running(self) -> bool:
+        return time.monotonic() < self.at
+
+
 async def _stream(cfg: dict[str, Any], sid: str, token: str, frames: list[str], counts: Counter[str],
-                  stop: float) -> None:  # fmt: skip
+                  stop: Stop) -> None:  # fmt: skip
     path = f"{cfg['ws_url']}/v1/namespaces/{cfg['namespace']}/workers/sessions/{sid}/stream"
     headers = {"Authorization": f"Bearer {token}"}
     i = 0
-    while time.monotonic() < stop:
+    while stop.running():
         try:
             async with websockets.connect(path, additional_headers=headers, max_size=None,
                                           open_timeout=10) as ws:  # fmt: skip
@@ -49,7 +61,7 @@ async def _stream(cfg: dict[str, Any], sid: str, token: str, frames: list[str], 
 
                 reader = asyncio.create_task(drain())
                 try:
-                    while time.monotonic() < stop:
+                    while stop.running():
                         await ws.send(frames[i % len(frames)].replace("$I", str(i)))
                         i += 1
                         counts["ws_frames"] += 1
@@ -66,8 +78,8 @@ async def _stream(cfg: dict[str, Any], sid: str, token: str, frames: list[str], 
 
 
 async def _loop(client: httpx.AsyncClient, kind: str, method: str, url: str, counts: Counter[str],
-                stop: float, **kw: Any) -> None:  # fmt: skip
-    while time.monotonic() < stop:
+                stop: Stop, **kw: Any) -> None:  # fmt: skip
+    while stop.running():
         try:
             r = await client.request(method, url, **kw)
             counts[f"{kind}_{r.status_code}"] += 1
@@ -79,7 +91,8 @@ async def _loop(client: httpx.AsyncClient, kind: str, method: str, url: str, cou
 
 async def main(cfg: dict[str, Any]) -> dict[str, Any]:
     counts: Counter[str] = Counter()
-    stop = time.monotonic() + float(cfg["seconds"])
+    stop = Stop(float(cfg["seconds"]))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(stop, "at", 0.0))
     ns = f"/v1/namespaces/{cfg['namespace']}"
     auth = {"Authorization": f"Bearer {cfg['key']}"}
     heartbeat = ['{"type": "heartbeat", "msg_id": "h$I", "attempt_ids": []}']
