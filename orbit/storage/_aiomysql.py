@@ -14,7 +14,7 @@ async def create_pool(opts: PoolOptions) -> Any:
     return await aiomysql.create_pool(
         minsize=opts.minsize,
         maxsize=opts.maxsize,
-        autocommit=False,
+        autocommit=opts.autocommit,
         client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
         charset="utf8mb4",
         connect_timeout=opts.connect_timeout,

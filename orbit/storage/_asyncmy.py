@@ -35,7 +35,7 @@ async def create_pool(opts: PoolOptions) -> Any:
         minsize=opts.minsize,
         maxsize=opts.maxsize,
         pool_recycle=opts.pool_recycle,
-        autocommit=False,
+        autocommit=opts.autocommit,
         client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
         charset="utf8mb4",
         connect_timeout=max(1, round(opts.connect_timeout)),

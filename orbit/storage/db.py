@@ -25,7 +25,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -424,6 +424,13 @@ class Database:
         self.gate = FairGate(maxsize, share=tenant_share)
         self.stats = TxStats()
         self._pool: Any = None
+        #: Connections in autocommit for :meth:`read` (each statement its own transaction:
+        #: no ROLLBACK to end it, no transaction left open on an idle connection): a
+        #: quarter of ``maxsize``, the rest for transactions, so the node still opens at
+        #: most ``maxsize`` connections. A read finding it busy runs in the other pool as a
+        #: transaction ended by ROLLBACK. The fair gate bounds both together.
+        self._read_pool: Any = None
+        self.read_pool_size = maxsize // 4 if maxsize >= 2 else 0
 
     @classmethod
     async def connect(cls, dsn: DSN, **kw: Any) -> Database:
@@ -435,8 +442,8 @@ class Database:
         if self._pool is not None:
             return
         options = PoolOptions(
-            minsize=self.minsize,
-            maxsize=self.maxsize,
+            minsize=min(self.minsize, self.maxsize - self.read_pool_size),
+            maxsize=self.maxsize - self.read_pool_size,
             connect_timeout=self.connect_timeout,
             connect_kwargs=self.dsn.connect_kwargs(),
         )
@@ -447,6 +454,15 @@ class Database:
                 await self._prepare(conn)
             finally:
                 self._pool.release(conn)
+            if self.read_pool_size:
+                self._read_pool = await self.driver.create_pool(
+                    replace(
+                        options,
+                        minsize=min(1, self.minsize),
+                        maxsize=self.read_pool_size,
+                        autocommit=True,
+                    )
+                )
         except Exception as exc:
             err = _driver_error(exc)
             if err is exc:
@@ -464,10 +480,11 @@ class Database:
         conn._orbit_ready = True
 
     async def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            await self._pool.wait_closed()
-            self._pool = None
+        for pool in (self._read_pool, self._pool):
+            if pool is not None:
+                pool.close()
+                await pool.wait_closed()
+        self._pool = self._read_pool = None
 
     @property
     def pool(self) -> Any:
@@ -475,12 +492,21 @@ class Database:
             raise RuntimeError("Database is not open")
         return self._pool
 
+    @property
+    def pools(self) -> list[Any]:
+        """Both pools (transactions', reads'), for tests that take every connection."""
+        return [p for p in (self.pool, self._read_pool) if p is not None]
+
     def pool_usage(self) -> tuple[int, int, int]:
-        """(size, free, maxsize) of the pool, for /metrics."""
-        p = self._pool
-        if p is None:
+        """(size, free, maxsize) of both pools together, for /metrics."""
+        pools = [p for p in (self._pool, self._read_pool) if p is not None]
+        if not pools:
             return (0, 0, self.maxsize)
-        return (p.size, p.freesize, p.maxsize)
+        return (
+            sum(p.size for p in pools),
+            sum(p.freesize for p in pools),
+            sum(p.maxsize for p in pools),
+        )
 
     async def transaction(
         self,
@@ -523,9 +549,10 @@ class Database:
                     raise TransientExhausted(code, attempt) from _driver_error(cause)
                 await asyncio.sleep(random.uniform(0.0, 0.005 * (2**attempt)))
 
-    async def _acquire(self, tenant: Any) -> Any:
-        """A pooled connection taken through the fair gate for ``tenant``, or
-        :class:`PoolExhausted` after ``acquire_timeout`` (the gate's wait included)."""
+    async def _acquire(self, tenant: Any, readonly: bool) -> tuple[Any, Any]:
+        """A pooled connection (and its pool) taken through the fair gate for ``tenant``, or
+        :class:`PoolExhausted` after ``acquire_timeout`` (the gate's wait included). A read
+        takes the read pool unless all of it is in use."""
         started = time.monotonic()
         try:
             await self.gate.acquire(tenant, self.acquire_timeout)
@@ -536,19 +563,22 @@ class Database:
             left = None
             if self.acquire_timeout is not None:
                 left = max(0.0, self.acquire_timeout - (time.monotonic() - started))
-            return await self._pool_acquire(left)
+            pool = self.pool
+            rp = self._read_pool
+            if readonly and rp is not None and (rp.freesize or rp.size < rp.maxsize):
+                pool = rp
+            return await self._pool_acquire(left, pool), pool
         except BaseException:
             self.gate.release(tenant)
             raise
 
-    async def _pool_acquire(self, wait_s: float | None) -> Any:
+    async def _pool_acquire(self, wait_s: float | None, pool: Any) -> Any:
         if wait_s is None:
-            return await self.pool.acquire()
-        pending = asyncio.ensure_future(self.pool.acquire())
+            return await pool.acquire()
+        pending = asyncio.ensure_future(pool.acquire())
         try:
             return await asyncio.wait_for(asyncio.shield(pending), wait_s)
         except BaseException as exc:  # the timeout, or the caller was cancelled
-            pool = self.pool
 
             def give_back(f: asyncio.Future[Any]) -> None:
                 # The acquire may still have won the race with the cancel: never leak it.
@@ -563,7 +593,7 @@ class Database:
 
     async def _run_once(self, fn: Callable[[Tx], Awaitable[T]], readonly: bool) -> T:
         tenant = current_tenant.get()
-        conn = await self._acquire(tenant)
+        conn, pool = await self._acquire(tenant, readonly)
         holding = self.gate.hold()
         clean = False
         try:
@@ -577,7 +607,13 @@ class Database:
                 # anything else (never COMMIT after it). On a dead connection, or when the
                 # rollback itself fails or is cancelled, the connection is closed below and
                 # the server rolls back by itself.
-                if error_code(exc) not in CONNECTION_ERRORS:
+                if readonly and pool is self._read_pool:
+                    # Autocommit: no transaction to roll back; a cancelled statement may
+                    # still be on the wire, so that connection is closed below.
+                    clean = not isinstance(exc, asyncio.CancelledError) and (
+                        error_code(exc) not in CONNECTION_ERRORS
+                    )
+                elif error_code(exc) not in CONNECTION_ERRORS:
                     try:
                         await asyncio.shield(conn.rollback())
                         clean = not isinstance(exc, asyncio.CancelledError)
@@ -586,7 +622,8 @@ class Database:
                     self.stats.rollbacks += 1
                 raise
             if readonly:
-                await conn.rollback()
+                if pool is not self._read_pool:
+                    await conn.rollback()
             else:
                 try:
                     await conn.commit()
@@ -604,12 +641,16 @@ class Database:
         finally:
             if not clean:
                 conn.close()
-            self.pool.release(conn)
+            pool.release(conn)
             self.gate.unhold(holding)
             self.gate.release(tenant)
 
     async def read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        """Run read-only ``fn`` in a READ COMMITTED transaction that is rolled back."""
+        """Run read-only ``fn`` on an autocommit connection: each statement is its own READ
+        COMMITTED transaction, as each statement of a READ COMMITTED transaction reads its
+        own snapshot anyway, minus the ROLLBACK that ended it. A locking read holds its
+        locks to the end of its statement only: a check that must hold until a write
+        belongs in :meth:`transaction`."""
         return await self.transaction(fn, readonly=True)
 
     async def fetchall(self, sql: str, args: Any = None) -> list[Row]:

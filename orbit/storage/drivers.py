@@ -4,7 +4,9 @@
 the driver; each driver module (``_aiomysql.py``, ``_asyncmy.py``) only opens a pool with the
 session contract Orbit relies on:
 
-- ``autocommit`` off (every statement runs in the caller's transaction);
+- ``autocommit`` off (every statement runs in the caller's transaction), except in the pool
+  :meth:`Database.read` uses (``PoolOptions.autocommit``): there each statement is its own
+  transaction, so a read ends without a ROLLBACK;
 - ``CLIENT.FOUND_ROWS``: an UPDATE reports *matched* rows, which :meth:`Tx.cas` and every
   guarded UPDATE's affected-row check rely on;
 - ``CLIENT.MULTI_STATEMENTS`` for :meth:`Tx.execute_batch` (one round trip);
@@ -49,6 +51,8 @@ class PoolOptions:
     #: user/password/host/port/unix_socket/db, from :meth:`DSN.connect_kwargs`.
     connect_kwargs: Mapping[str, object] = field(default_factory=dict)
     pool_recycle: int = 3600
+    #: On for the read pool only: a statement commits itself (no transaction left open).
+    autocommit: bool = False
 
 
 @dataclass(frozen=True, slots=True)

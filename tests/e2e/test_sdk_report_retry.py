@@ -113,8 +113,9 @@ class Outage:
         assert self.db is not None
         if self.kind == "pool":
             async with asyncio.timeout(10):
-                while len(self.pooled) < POOL:
-                    self.pooled.append(await self.db.pool.acquire())
+                for pool in self.db.pools:  # the read pool's share too
+                    while pool.freesize or pool.size < pool.maxsize:
+                        self.pooled.append((pool, await pool.acquire()))
         else:
             await asyncio.to_thread(self._take_every_slot)
 
@@ -146,8 +147,8 @@ class Outage:
 
     def release(self) -> None:
         assert self.db is not None
-        for conn in self.pooled:
-            self.db.pool.release(conn)
+        for pool, conn in self.pooled:
+            pool.release(conn)
         self.pooled.clear()
         for outside in self.outside:
             outside.close()
