@@ -52,6 +52,7 @@ from orbit.storage.drivers import load_driver
 from orbit.version import __version__
 from orbit_cmd.devdb import DevDatabase, ensure_dev_database
 from orbit_cmd.http_protocols import HeadDeadlineH11, http_protocol
+from orbit_cmd.ws_protocol import ClosingWebSocketProtocol
 from pulse import http as pulse_http
 from pulse.runtime import Loop, PulseRuntime
 from pulse.sessions import WorkerSettings
@@ -312,6 +313,7 @@ async def serve(args: argparse.Namespace) -> int:
             config = uvicorn.Config(
                 app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                 access_log=False, lifespan="on", log_config=None, http=http,
+                ws=ClosingWebSocketProtocol,
             )  # fmt: skip
             server = uvicorn.Server(config)
             # uvicorn re-raises the signal that stopped it once it has shut down gracefully;
