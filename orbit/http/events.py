@@ -26,6 +26,7 @@ from orbit.http.body import query_int
 from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import json_response
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
+from orbit.storage.fairness import current_tenant
 from orbit.types import Action
 
 
@@ -45,6 +46,7 @@ class EventPage(msgspec.Struct, frozen=True, kw_only=True):
     ),
 )  # fmt: skip
 async def list_events(request: Request) -> Response:
+    request.app.state.ctx.list_bytes.refuse_early(current_tenant.get(), "events")  # before the key
     principal = await authorize(request, Action.EVENTS_READ.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     limit = parse_limit(request.query_params.get("limit"))
@@ -58,7 +60,7 @@ async def list_events(request: Request) -> Response:
     ctx = request.app.state.ctx
     items, last, more = await page_result_events(
         ctx.db, principal.namespace_id, after, limit, principal.queues,
-        ctx.settings.max_page_bytes, ctx.list_bytes.charge_for(principal.application_id),
+        ctx.settings.max_page_bytes, ctx.list_bytes.charge_for(principal.application_id, "events"),
     )  # fmt: skip
     nxt = encode_cursor({"after_seq": last}) if more else None
     return json_response(

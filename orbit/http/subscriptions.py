@@ -40,6 +40,7 @@ from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.http.subscription_stream import StreamConnection
 from orbit.ids import parse_id
 from orbit.pagination import decode_cursor, encode_cursor, parse_limit
+from orbit.storage.fairness import current_tenant
 from orbit.subscriptions import (
     CONSUME,
     MANAGE,
@@ -215,9 +216,10 @@ async def pull(request: Request) -> Response:
     ``wait_ms`` for one. The bytes handed out are paid from the application's list-bytes
     budget afterwards; while it is in debt a pull is 429 before anything is leased."""
     ns, name = request.path_params["ns"], request.path_params["name"]
+    ctx = request.app.state.ctx
+    ctx.list_bytes.refuse_early(current_tenant.get(), "pulls")  # before the key is checked
     p = await authorize(request, CONSUME, ns)
     body = await _optional_body(request, PullBody, PullBody())
-    ctx = request.app.state.ctx
     db = ctx.db
     sub = await subscriptions.get_subscription(db, _namespace(p), name, p.queues)
     rate = ctx.list_bytes

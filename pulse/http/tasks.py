@@ -36,6 +36,7 @@ from orbit.http.openapi import QueryParam, api
 from orbit.http.responses import idem_request, json_response, reply_response
 from orbit.metrics import conflicts
 from orbit.pagination import parse_limit
+from orbit.storage.fairness import current_tenant
 from orbit.types import Action, IdText
 from pulse import submit, tasks
 from pulse.errors import TaskNotFound
@@ -163,6 +164,7 @@ async def get_task(request: Request) -> Response:
     ),
 )  # fmt: skip
 async def list_tasks(request: Request) -> Response:
+    _ctx(request).list_bytes.refuse_early(current_tenant.get(), "tasks")  # before the key is checked
     principal = await authorize(request, Action.TASKS_READ.value, request.path_params["ns"])
     assert principal.namespace_id is not None
     q = request.query_params

@@ -126,3 +126,37 @@ async def test_list_bytes_are_budgeted_per_application(db: Database) -> None:
         other = f"/v1/namespaces/{light.namespace}"
         for _ in range(5):
             assert (await client.get(f"{other}/tasks", headers=light.auth)).status_code == 200
+
+
+async def test_a_refused_list_page_refuses_the_next_ones_before_any_database_work(
+    db: Database,
+) -> None:
+    """A client looping on 429s cost the node an authentication and a sizing query per
+    request; after a refusal, the application's next task pages are refused (same 429, the
+    Retry-After left) before the key is checked: no transaction at all. Another kind of
+    read (event pages) and other applications are not affected."""
+    app = make_app(db, pulse_routes, max_page_bytes=BUDGET, list_bytes_per_s=1,
+                   list_bytes_burst=20_000)  # fmt: skip
+    async with asgi_client(app) as client:
+        heavy, light = await new_tenant(db), await new_tenant(db)
+        for t in (heavy, light):
+            ns = f"/v1/namespaces/{t.namespace}"
+            assert (await client.put(f"{ns}/queues/q", json={}, headers=t.auth)).status_code == 201
+        ns = f"/v1/namespaces/{heavy.namespace}"
+        for _ in range(3):
+            r = await client.post(f"{ns}/tasks", headers=heavy.auth,
+                                  json={"queue": "q", "kind": "k", "payload": {"b": BLOB}})  # fmt: skip
+            assert r.status_code == 201, r.text
+        statuses = [(await client.get(f"{ns}/tasks", headers=heavy.auth)).status_code
+                    for _ in range(3)]  # fmt: skip
+        assert statuses == [200, 200, 429], statuses
+        transactions = db.stats.commits + db.stats.rollbacks
+        for limit in (500, 1):  # even a page the budget could pay, inside the window
+            r = await client.get(f"{ns}/tasks", params={"limit": limit}, headers=heavy.auth)
+            assert r.status_code == 429 and r.json()["error"]["details"]["reason"] == "list_bytes"
+            assert int(r.headers["Retry-After"]) >= 1
+        assert db.stats.commits + db.stats.rollbacks == transactions  # refused before any
+        r = await client.get(f"{ns}/events", headers=heavy.auth)
+        assert r.status_code == 200  # another kind of read: its own window
+        other = f"/v1/namespaces/{light.namespace}"
+        assert (await client.get(f"{other}/tasks", headers=light.auth)).status_code == 200
