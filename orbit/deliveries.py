@@ -289,11 +289,12 @@ async def ack_round(
         )
         row_keys = sorted({(i.namespace_id, i.delivery_id) for i, loc in zip(items, located, strict=True)
                            if loc is None})  # fmt: skip
-        ranges, locked, at = await tx.pipeline(  # ranges, rows and the clock: one round trip
-            range_store.range_lock_keys(tx, range_keys),
+        # The ranges (with the clock once they are locked) and the rows: one round trip.
+        (ranges, clock), locked = await tx.pipeline(
+            range_store.range_lock_keys_clock(tx, range_keys),
             store.delivery_lock_keys(tx, row_keys),
-            clock_now(tx, now),
         )
+        at = now or clock or await clock_now(tx)
         edits = delivery_slots.Edits()
         by_range = {(r.namespace_id, r.id): r for r in ranges}
         verdicts: list[tuple[str, RangeRow | None, int]] = []
@@ -465,7 +466,8 @@ async def release_many(
 
     async def run(tx: Tx) -> int:
         keys = sorted({(namespace_id, loc[0]) for loc in located if loc})
-        ranges, at = await tx.pipeline(range_store.range_lock_keys(tx, keys), clock_now(tx, now))
+        ranges, clock = await range_store.range_lock_keys_clock(tx, keys)
+        at = now or clock or await clock_now(tx)
         by_id = {r.id: r for r in ranges}
         edits = delivery_slots.Edits()
         rest: list[tuple[bytes, str]] = []

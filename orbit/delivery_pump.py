@@ -342,12 +342,17 @@ async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch
         )
 
     async def run(tx: Tx) -> list[LeaseBatch | OrbitError]:
-        subs, at = await tx.pipeline(sub_store.subscription_lock_keys(tx, keys), clock_now(tx))
+        # The rows and the clock once they are locked: one statement (none locked: no time
+        # needed, nothing is handed out).
+        subs, at = await sub_store.subscription_lock_keys_clock(tx, keys)
         locked = [s for s in subs if (s.namespace_id, s.id) in shares]
         budgets = {(s.namespace_id, s.id): HandOutBudget(shares[(s.namespace_id, s.id)], 0)
                    for s in locked}  # fmt: skip
-        done = await tx.pipeline(*(_lease_locked(tx, s, budgets[(s.namespace_id, s.id)], at)
-                                   for s in locked))  # fmt: skip
+        done: list[LeaseBatch] = []
+        if at is not None:
+            done = await tx.pipeline(
+                *(_lease_locked(tx, s, budgets[(s.namespace_id, s.id)], at) for s in locked)
+            )
         batches = {(s.namespace_id, s.id): b for s, b in zip(locked, done, strict=True)}
         out: list[LeaseBatch | OrbitError] = []
         taken: dict[tuple[bytes, bytes], tuple[int, int]] = {}  # (asks served, deliveries)

@@ -91,15 +91,17 @@ async def submit_in_tx(
         except OrbitError as exc:
             results[i] = ItemResult(exc.status, error=exc)
 
-    # The clock and the queues by name (unknown → 404 per item): ONE round trip.
+    # The queues by name (unknown → 404 per item), each with the clock: ONE round trip; a
+    # clock of its own only when no queue is known.
     names = sorted({p.body.queue for p in prepared})
-    stamp, *found = await tx.pipeline(
-        clock_now(tx, now),
-        *(queue_store.queue_get_by_name(tx, namespace_id, name) for name in names),
+    found = await tx.pipeline(
+        *(queue_store.queue_get_by_name_clock(tx, namespace_id, name) for name in names)
     )
     queues: dict[str, dict[str, Any]] = {
-        name: row for name, row in zip(names, found, strict=True) if row is not None
+        name: row for name, (row, _) in zip(names, found, strict=True) if row is not None
     }
+    clocks = [at for _, at in found if at is not None]
+    stamp = now or (clocks[0] if clocks else await clock_now(tx))
     live: list[_Prepared] = []
     for p in prepared:
         allowed = allowed_queues is None or p.body.queue in allowed_queues

@@ -33,7 +33,7 @@ from typing import Any
 
 from orbit.ids import id_hex, new_id
 from orbit.storage import Tx
-from orbit.store.clock import clock_now
+from orbit.store.clock import clock_of
 from pulse import transitions, wire
 from pulse.attempt_rules import offer_rows
 from pulse.attempts import Change
@@ -116,7 +116,6 @@ class IdleOffer:
         queue_ids = sorted(due)
         got = await tx.pipeline(
             session_store.session_lock_offer_skip_locked(tx, namespace_id, ids),
-            clock_now(tx, now),
             session_store.session_count_held_many(tx, namespace_id, ids),
             queue_store.gate_get_many(tx, namespace_id, [queue_store.NAMESPACE_GATE, *queue_ids]),
             *(
@@ -125,11 +124,12 @@ class IdleOffer:
             ),
         )
         locked: list[Row] = got[0]
-        t: datetime = got[1]
-        held: dict[bytes, int] = got[2]
-        gates: dict[bytes, Row] = got[3]
-        busy = dict(zip(queue_ids, got[4:], strict=True))
-        if _paused(gates, queue_store.NAMESPACE_GATE):
+        held: dict[bytes, int] = got[1]
+        gates: dict[bytes, Row] = got[2]
+        busy = dict(zip(queue_ids, got[3:], strict=True))
+        # The clock once the sessions are locked (none locked: no room, nothing to offer).
+        t = now or clock_of(locked)
+        if t is None or _paused(gates, queue_store.NAMESPACE_GATE):
             return out
         room: dict[bytes, int] = {}
         for s in locked:

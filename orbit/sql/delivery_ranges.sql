@@ -16,10 +16,11 @@ VALUES
    %(moved)s, %(n)s, 0, 'LEASED', %(budget)s, %(lease_expires_at)s, 1, %(now)s, %(now)s)
 
 -- name: range_lock_keys
--- Ranges of several namespaces by primary key, locked in (namespace, id) order.
+-- Ranges of several namespaces by primary key, locked in (namespace, id) order; db_now:
+-- the database clock once the row is locked (orbit.store.clock.clock_of).
 SELECT namespace_id, id, subscription_id, id_bucket, seq_lo, seq_hi, n, seqs, event_ids,
   delivery_ids, proof_digests, acked_us, moved, open_n, acked_n, state, budget,
-  lease_expires_at, revision, created_at, updated_at
+  lease_expires_at, revision, created_at, updated_at, SYSDATE(6) AS db_now
 FROM orbit_delivery_ranges
 WHERE ((namespace_id = %s AND id IN (/*ids*/)))
 ORDER BY namespace_id, id

@@ -34,9 +34,10 @@ FOR UPDATE
 -- name: subscription_lock_keys
 -- A node round of hand-outs: the subscriptions of several namespaces locked in ONE
 -- statement, in (namespace, id) order (the one (namespace_id, id IN …) group written
--- here becomes one group per namespace, OR-ed: store.deliveries.expand_keys).
+-- here becomes one group per namespace, OR-ed: store.deliveries.expand_keys). db_now: the
+-- database clock once the row is locked (orbit.store.clock.clock_of).
 SELECT namespace_id, id, name, filter, start_spec, after_seq, ack_timeout_ms, max_deliveries,
-  max_in_flight, revision, created_at, updated_at
+  max_in_flight, revision, created_at, updated_at, SYSDATE(6) AS db_now
 FROM orbit_subscriptions
 WHERE ((namespace_id = %s AND id IN (/*ids*/)))
 ORDER BY namespace_id, id

@@ -14,6 +14,7 @@ import msgspec
 
 from orbit.delivery_ranges import Slots
 from orbit.storage import Tx, load_queries
+from orbit.store.clock import clock_of
 from orbit.store.deliveries import case_by_id, expand_keys
 
 Q = load_queries(__file__, "delivery_ranges")
@@ -64,10 +65,19 @@ async def range_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
 async def range_lock_keys(tx: Tx, keys: Sequence[tuple[bytes, bytes]]) -> list[RangeRow]:
     """Lock the ranges of (namespace_id, id) ``keys`` — any namespaces — in ONE statement,
     in (namespace, id) order; missing ones are absent."""
+    return (await range_lock_keys_clock(tx, keys))[0]
+
+
+async def range_lock_keys_clock(
+    tx: Tx, keys: Sequence[tuple[bytes, bytes]]
+) -> tuple[list[RangeRow], datetime | None]:
+    """:func:`range_lock_keys` and the database clock read once they are locked
+    (:func:`orbit.store.clock.clock_of`: None when none was locked)."""
     if not keys:
-        return []
+        return [], None
     sql, args = expand_keys(Q.range_lock_keys, keys)
-    return _rows(await tx.fetchall(sql, args))
+    rows = await tx.fetchall(sql, args)
+    return _rows(rows), clock_of(rows)
 
 
 async def range_update_many(

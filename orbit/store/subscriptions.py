@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from orbit.storage import Tx, load_queries
+from orbit.store.clock import clock_of
 
 Q = load_queries(__file__, "subscriptions")
 
@@ -98,13 +99,21 @@ async def subscription_lock_keys(
 ) -> list[SubscriptionRow]:
     """Lock the subscriptions of (namespace_id, id) ``keys`` — any namespaces — in ONE
     statement, in (namespace, id) order; gone ones are absent."""
+    return (await subscription_lock_keys_clock(tx, keys))[0]
+
+
+async def subscription_lock_keys_clock(
+    tx: Tx, keys: Sequence[tuple[bytes, bytes]]
+) -> tuple[list[SubscriptionRow], datetime | None]:
+    """:func:`subscription_lock_keys` and the database clock read once they are locked
+    (:func:`orbit.store.clock.clock_of`: None when none was locked)."""
     from orbit.store.deliveries import expand_keys
 
     if not keys:
-        return []
+        return [], None
     sql, args = expand_keys(Q.subscription_lock_keys, keys)
     rows = await tx.fetchall(sql, args)
-    return [msgspec.convert(r, SubscriptionRow) for r in rows]
+    return [msgspec.convert(r, SubscriptionRow) for r in rows], clock_of(rows)
 
 
 async def subscription_insert(tx: Tx, row: dict[str, Any]) -> None:

@@ -11,6 +11,15 @@ SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts
 FROM pulse_queues
 WHERE namespace_id = %(namespace_id)s AND name = %(name)s
 
+-- name: queue_get_by_name_clock
+-- queue_get_by_name and the database clock (a submit's stamp: no statement of its own).
+SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
+  lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,
+  retry_backoff_multiplier, retry_bound_min_ms, retry_bound_max_ms, retry_bound_multiplier_max,
+  stuck_after_ms, revision, created_at, updated_at, UTC_TIMESTAMP(6) AS db_now
+FROM pulse_queues
+WHERE namespace_id = %(namespace_id)s AND name = %(name)s
+
 -- name: queue_get_by_name_for_update
 SELECT namespace_id, id, name, max_unfinished_tasks, max_concurrency, max_starts_per_second,
   lease_ms, retry_max_attempts, retry_backoff_initial_ms, retry_backoff_max_ms,

@@ -113,7 +113,8 @@ WHERE namespace_id = %(namespace_id)s AND id = %(id)s AND state = 'ACTIVE'
 -- The waiting sessions a submit may offer its new task to (pulse/submit_offer.py), locked
 -- only when free: a submit holds usage rows already, and dispatch locks sessions before
 -- them, so a submit never waits for a session row (SKIP LOCKED: one being served is left).
-SELECT id, state, node_id, max_concurrency, expires_at
+-- db_now: the database clock once the row is locked (orbit.store.clock.clock_of).
+SELECT id, state, node_id, max_concurrency, expires_at, SYSDATE(6) AS db_now
 FROM pulse_worker_sessions
 WHERE namespace_id = %(namespace_id)s AND id IN %(ids)s
 ORDER BY id

@@ -35,6 +35,19 @@ async def queue_get_by_name(
     return await tx.fetchone(sql, {"namespace_id": namespace_id, "name": name})
 
 
+async def queue_get_by_name_clock(
+    tx: Tx, namespace_id: bytes, name: str
+) -> tuple[Row | None, datetime | None]:
+    """The queue ``name`` (not locked) and the database clock read with it (None when there
+    is no such queue)."""
+    row = await tx.fetchone(Q.queue_get_by_name_clock, {"namespace_id": namespace_id, "name": name})
+    if row is None:
+        return None, None
+    at = row.pop("db_now")
+    assert isinstance(at, datetime)
+    return row, at
+
+
 async def queue_get(tx: Tx, namespace_id: bytes, queue_id: bytes) -> Row | None:
     return await tx.fetchone(Q.queue_get, {"namespace_id": namespace_id, "id": queue_id})
 

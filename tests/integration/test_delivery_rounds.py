@@ -21,6 +21,7 @@ from orbit.ids import new_id
 from orbit.rounds import NodeRound
 from orbit.storage import Database, Tx
 from orbit.storage import db as storage_db
+from orbit.store import clock
 from orbit.subscriptions import SubscriptionPut
 
 
@@ -82,6 +83,7 @@ async def test_ack_round_spans_namespaces_with_one_update(db: Database) -> None:
     ups = [s for s in _updates(rec) if "orbit_delivery_ranges" in s]
     assert len(ups) == 1, ups  # ONE multi-row UPDATE for the whole round (three ranges)
     assert not [s for s in _updates(rec) if "orbit_deliveries" in s]  # no per-delivery row
+    assert clock.Q.clock_now not in rec  # the clock came with the ranges' lock
     for t, d in [(a, da[0]), (b, db_[1]), (b, db2[0])]:
         stored = await delivery_history.get_delivery(db, t.namespace_id, d.delivery_id)
         assert (stored.state, stored.attempts) == ("ACKED", 1)
@@ -313,6 +315,7 @@ async def test_hand_out_round_spans_namespaces_in_one_transaction(db: Database) 
         out = await delivery_pump.lease_round(db, asks)
     locks = [s for s in rec if "FROM orbit_subscriptions" in s and "FOR UPDATE" in s]
     assert len(locks) == 1, locks
+    assert clock.Q.clock_now not in rec  # the clock came with the rows' lock
 
     async def ranges(tx: Tx) -> list[int]:
         rows = await tx.fetchall(
