@@ -132,12 +132,9 @@ async def reclaim_locked(
 
 
 async def in_flight_locked(tx: Tx, sub: SubscriptionRow) -> int:
-    """LEASED rows plus open slots of LEASED ranges (exact under the subscription lock)."""
-    rows, slots = await tx.pipeline(
-        store.delivery_count_leased(tx, sub.namespace_id, sub.id),
-        range_store.range_in_flight(tx, sub.namespace_id, sub.id),
-    )
-    return int(rows) + int(slots)
+    """LEASED rows plus open slots of LEASED ranges (exact under the subscription lock):
+    ONE statement."""
+    return await store.delivery_in_flight(tx, sub.namespace_id, sub.id)
 
 
 async def hand_out_locked(

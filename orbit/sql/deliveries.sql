@@ -72,6 +72,20 @@ FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_due)
 WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
   AND state = 'LEASED'
 
+-- name: delivery_in_flight
+-- A hand-out's in-flight count in ONE statement: delivery_count_leased's LEASED rows plus
+-- the open slots of LEASED ranges (delivery_ranges.sql range_in_flight), each an index-only
+-- range forced as there. Exact for the holder of the subscription row lock.
+SELECT
+  (SELECT COUNT(*)
+   FROM orbit_deliveries FORCE INDEX (ix_orbit_deliveries_due)
+   WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+     AND state = 'LEASED')
+  + (SELECT COALESCE(SUM(open_n), 0)
+     FROM orbit_delivery_ranges FORCE INDEX (ix_orbit_delivery_ranges_open)
+     WHERE namespace_id = %(namespace_id)s AND subscription_id = %(subscription_id)s
+       AND state = 'LEASED') AS n
+
 -- name: delivery_list_due_for_update
 -- PENDING deliveries whose backoff has passed, oldest due first, then by sequence.
 -- SKIP LOCKED: a row being acked or given budget right now is left for the next round.

@@ -209,6 +209,12 @@ async def delivery_count_leased(tx: Tx, namespace_id: bytes, subscription_id: by
     return int(await tx.fetchval(Q.delivery_count_leased, args) or 0)
 
 
+async def delivery_in_flight(tx: Tx, namespace_id: bytes, subscription_id: bytes) -> int:
+    """LEASED rows plus open slots of LEASED ranges of a subscription: ONE statement."""
+    args = {"namespace_id": namespace_id, "subscription_id": subscription_id}
+    return int(await tx.fetchval(Q.delivery_in_flight, args) or 0)
+
+
 async def delivery_list_due_for_update(
     tx: Tx, namespace_id: bytes, subscription_id: bytes, now: datetime, limit: int
 ) -> list[DeliveryRow]:

@@ -132,6 +132,15 @@ async def test_hand_out_counts_read_one_subscription_range_not_the_namespace(
         (plan,) = await _explain(db, getattr(dstore.Q, name), args)
         assert plan["key"] == "ix_orbit_deliveries_due", (name, plan)
         assert "Using index" in str(plan["Extra"]), (name, plan)  # index-only: no row reads
+    # A hand-out's in-flight count (rows and range slots in one statement): each part
+    # index-only on its own index.
+    parts = {str(p["table"]): p for p in await _explain(db, dstore.Q.delivery_in_flight, args)}
+    for table, index in (
+        ("orbit_deliveries", "ix_orbit_deliveries_due"),
+        ("orbit_delivery_ranges", "ix_orbit_delivery_ranges_open"),
+    ):
+        assert parts[table]["key"] == index, parts
+    assert "Using index" in str(parts["orbit_deliveries"]["Extra"]), parts
     # The ack round's locking read, two namespaces in one statement: primary-key ranges.
     keys = [(t.namespace_id, new_id()) for _ in range(3)] + [(new_id(), new_id())]
     sql, where_args = dstore.expand_keys(dstore.Q.delivery_lock_keys, keys)
@@ -144,6 +153,8 @@ async def test_hand_out_counts_read_one_subscription_range_not_the_namespace(
     # and the figures are the subscription's own
     leased = await db.read(lambda tx: dstore.delivery_count_leased(tx, t.namespace_id, busy.id))
     assert leased == 2500
+    in_flight = await db.read(lambda tx: dstore.delivery_in_flight(tx, t.namespace_id, busy.id))
+    assert in_flight == 2500  # no range open
     expired = await db.read(
         lambda tx: dstore.delivery_expired_exists(tx, t.namespace_id, busy.id, now)
     )
