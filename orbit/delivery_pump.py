@@ -145,11 +145,13 @@ async def hand_out_locked(
     max_bytes: int = MAX_PAGE_BYTES,
     *,
     budget: HandOutBudget | None = None,
+    rows: bool = True,
 ) -> tuple[list[Leased], int, bool]:
     """Lease up to ``want`` deliveries of ``sub`` (row locked by this transaction), never
     more than ``max_in_flight`` leased at once nor, past the first, more than ``max_bytes``
     of stored result JSON (:mod:`orbit.delivery_budget`; ``budget`` instead splits one
     hand-out among several asks): due exceptions first, then new events as one range.
+    ``rows`` False skips the due rows (a probe saw none due and no lease ended).
     Return (hand-outs, leased after, deliveries left that could be handed out at once)."""
     in_flight = await in_flight_locked(tx, sub)
     if budget is None:
@@ -157,7 +159,7 @@ async def hand_out_locked(
     budget.limit = room = min(budget.wanted, sub.max_in_flight - in_flight, dr.MAX_SLOTS)
     if room <= 0:
         return [], in_flight, False
-    out = await _hand_out_rows(tx, sub, budget, now)
+    out = await _hand_out_rows(tx, sub, budget, now) if rows else []
     behind = budget.cut
     if budget.open:
         fresh, behind = await _hand_out_range(tx, sub, budget, now)
@@ -319,6 +321,11 @@ class LeaseAsk:
     subscription_id: bytes
     want: int
     max_bytes: int = MAX_PAGE_BYTES
+    #: What the probe before the ask saw (:class:`~orbit.store.deliveries.LeaseProbe`): a
+    #: lease ended (so reclaim), a PENDING delivery due (so read the due rows). False skips
+    #: that step's statements; what became so since the probe waits for the next hand-out.
+    expired: bool = True
+    due: bool = True
 
 
 async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch | OrbitError]:
@@ -333,10 +340,12 @@ async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch
         return []
     keys = sorted({(a.namespace_id, a.subscription_id) for a in asks})
     shares: dict[tuple[bytes, bytes], list[Ask]] = {}
+    steps: dict[tuple[bytes, bytes], tuple[bool, bool]] = {}  # (expired, due) of any ask
     for a in asks:
-        shares.setdefault((a.namespace_id, a.subscription_id), []).append(
-            Ask(max(0, a.want), a.max_bytes)
-        )
+        k = (a.namespace_id, a.subscription_id)
+        shares.setdefault(k, []).append(Ask(max(0, a.want), a.max_bytes))
+        expired, due = steps.get(k, (False, False))
+        steps[k] = (expired or a.expired, due or a.due)
 
     async def run(tx: Tx) -> list[LeaseBatch | OrbitError]:
         # The rows and the clock once they are locked: one statement (none locked: no time
@@ -348,7 +357,11 @@ async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch
         done: list[LeaseBatch] = []
         if at is not None:
             done = await tx.pipeline(
-                *(_lease_locked(tx, s, budgets[(s.namespace_id, s.id)], at) for s in locked)
+                *(
+                    _lease_locked(tx, s, budgets[k], at, *steps[k])
+                    for s in locked
+                    for k in [(s.namespace_id, s.id)]
+                )
             )
         batches = {(s.namespace_id, s.id): b for s, b in zip(locked, done, strict=True)}
         out: list[LeaseBatch | OrbitError] = []
@@ -371,16 +384,25 @@ async def lease_round(db: Database, asks: Sequence[LeaseAsk]) -> list[LeaseBatch
 
 
 async def _lease_locked(
-    tx: Tx, sub: SubscriptionRow, budget: HandOutBudget, at: datetime
+    tx: Tx,
+    sub: SubscriptionRow,
+    budget: HandOutBudget,
+    at: datetime,
+    expired: bool = True,
+    due: bool = True,
 ) -> LeaseBatch:
-    """Reclaim, then hand out within ``budget``, for ``sub`` whose row this transaction
-    holds."""
-    await reclaim_locked(tx, sub, at)
+    """Reclaim (when a probe saw a lease ended, or without a probe), then hand out within
+    ``budget``, for ``sub`` whose row this transaction holds. Due rows are read when a
+    probe saw one due or a lease ended (a reclaimed delivery may be due at once)."""
+    if expired:
+        await reclaim_locked(tx, sub, at)
     if budget.wanted <= 0:
         return LeaseBatch(
             subscription=sub, deliveries=[], in_flight=await in_flight_locked(tx, sub)
         )
-    out, in_flight, behind = await hand_out_locked(tx, sub, 0, at, budget=budget)
+    out, in_flight, behind = await hand_out_locked(
+        tx, sub, 0, at, budget=budget, rows=due or expired
+    )
     return LeaseBatch(subscription=sub, deliveries=out, in_flight=in_flight, behind=behind)
 
 
@@ -432,13 +454,19 @@ async def lease(
             return LeaseBatch(subscription=sub_seen, deliveries=[], in_flight=probe.in_flight,
                               retry_in_s=None if full else probe.retry_in_s)  # fmt: skip
         if rounds is not None:
-            return await rounds.submit(LeaseAsk(namespace_id, subscription_id, want, max_bytes))
+            return await rounds.submit(
+                LeaseAsk(namespace_id, subscription_id, want, max_bytes, probe.expired, probe.due)
+            )
+        expired, due = probe.expired, probe.due
+    else:
+        expired = due = True
 
     async def run(tx: Tx) -> LeaseBatch:
         sub, at = await _lock_with_clock(tx, namespace_id, subscription_id, now)
         if sub is None:
             raise NotFound("subscription")
-        return await _lease_locked(tx, sub, HandOutBudget.single(max(0, want), max_bytes), at)
+        budget = HandOutBudget.single(max(0, want), max_bytes)
+        return await _lease_locked(tx, sub, budget, at, expired, due)
 
     return await db.transaction(run)
 

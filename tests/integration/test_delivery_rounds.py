@@ -358,3 +358,36 @@ async def test_a_queue_limited_key_sees_deliveries_that_live_in_ranges(db: Datab
             )
     with pytest.raises(NotFound):
         await subscriptions.check_delivery_visible(db, t.namespace_id, new_id(), frozenset({"q"}))
+
+
+async def test_a_hand_out_skips_the_steps_its_probe_found_nothing_for(db: Database) -> None:
+    """The probe before a hand-out saw no lease ended and nothing due: the locked hand-out
+    reads neither the expired leases nor the due rows, only new events; once a lease has
+    ended, the next hand-out reclaims it."""
+    from orbit.store import deliveries as dstore
+    from orbit.store import delivery_ranges as rstore
+
+    t = await make_tenant(db)
+    sub = await _sub(db, t, ack_timeout_ms=1000)
+    await append_results(db, t.namespace_id, 3)
+    skipped = (
+        rstore.Q.range_list_expired_for_update,
+        dstore.Q.delivery_list_expired_for_update,
+        dstore.Q.delivery_list_due_for_update,
+    )
+    with recorded() as rec:
+        first = await delivery_pump.lease(db, t.namespace_id, sub.id, 10)
+    assert len(first.deliveries) == 3
+    assert not [s for s in rec if s in skipped]
+    await db.transaction(  # every lease of the range ends now
+        lambda tx: tx.execute(
+            "UPDATE orbit_delivery_ranges SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"
+            " WHERE namespace_id = %s AND subscription_id = %s",
+            (t.namespace_id, sub.id),
+        )
+    )
+    with recorded() as rec:
+        await delivery_pump.lease(db, t.namespace_id, sub.id, 10)
+    assert rstore.Q.range_list_expired_for_update in rec  # the probe saw it: reclaimed
+    info = await delivery_history.get_delivery(db, t.namespace_id, first.deliveries[0].delivery_id)
+    assert info.state != "LEASED" or info.attempts == 2
