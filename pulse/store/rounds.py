@@ -14,7 +14,7 @@ matched count (``CLIENT.FOUND_ROWS``) must equal the number of rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from orbit.storage import Tx, load_queries
@@ -234,14 +234,21 @@ def sessions_extend_statement(rows: Mapping[Key, datetime], now: datetime) -> tu
     )
 
 
+#: A heartbeat round writes an instance's ``last_seen_at`` only when it is at least this
+#: old (seconds): the workers view shows when a process was last heard from to within it,
+#: and an idle session's heartbeat writes its session row alone most of the time.
+INSTANCE_TOUCH_S = 10
+
+
 def instances_touch_statement(keys: KeySet, now: datetime) -> tuple[str, list[Any]]:
     """``last_seen_at`` of many worker instances moves forward to ``now`` (``instance_touch``
-    per row)."""
+    per row) where it is at least :data:`INSTANCE_TOUCH_S` old; its matched count is not
+    checked."""
     where, where_args = keys.predicate()
     return (
-        "UPDATE pulse_worker_instances SET last_seen_at = GREATEST(last_seen_at, %s),"
-        " revision = revision + 1 WHERE " + where,
-        [now, *where_args],
+        "UPDATE pulse_worker_instances SET last_seen_at = %s, revision = revision + 1"
+        " WHERE " + where + " AND last_seen_at <= %s",
+        [now, *where_args, now - timedelta(seconds=INSTANCE_TOUCH_S)],
     )
 
 

@@ -222,3 +222,44 @@ async def test_a_submit_round_over_namespaces_and_owners_judges_each_item_alone(
         ))  # fmt: skip
 
     assert await db.read(app_unfinished) == 3  # both namespaces of a count into its row
+
+
+async def test_a_heartbeat_round_touches_an_instance_at_most_every_ten_seconds(db, tenant) -> None:
+    """The session's expiry moves with every heartbeat; its instance's last_seen_at only
+    when it is INSTANCE_TOUCH_S old, so most idle heartbeats write one row, not two."""
+    from pulse.heartbeat_round import heartbeat_round
+    from pulse.store.rounds import INSTANCE_TOUCH_S
+
+    t = await tenant()
+    info, _ = await open_session(db, t)
+
+    async def seen() -> tuple[Any, Any]:
+        async def run(tx: Tx) -> tuple[Any, Any]:
+            i = await tx.fetchone(
+                "SELECT last_seen_at FROM pulse_worker_instances WHERE namespace_id = %s"
+                " AND id = %s", (info.namespace_id, info.instance_id),
+            )  # fmt: skip
+            s = await tx.fetchone(
+                "SELECT expires_at FROM pulse_worker_sessions WHERE namespace_id = %s"
+                " AND id = %s", (info.namespace_id, info.session_id),
+            )  # fmt: skip
+            assert i is not None and s is not None
+            return i["last_seen_at"], s["expires_at"]
+
+        return await db.read(run)
+
+    registered, expires0 = await seen()
+    await heartbeat_round(db, [(info.namespace_id, info.session_id, [])])
+    touched, expires1 = await seen()
+    assert touched == registered and expires1 > expires0  # registered just now: not rewritten
+    await db.transaction(
+        lambda tx: tx.execute(
+            "UPDATE pulse_worker_instances SET last_seen_at = last_seen_at - INTERVAL %s SECOND"
+            " WHERE namespace_id = %s AND id = %s",
+            (INSTANCE_TOUCH_S + 1, info.namespace_id, info.instance_id),
+        )
+    )
+    old, _ = await seen()
+    await heartbeat_round(db, [(info.namespace_id, info.session_id, [])])
+    touched, _ = await seen()
+    assert touched > old and touched >= registered  # old enough: moved to the round's time
