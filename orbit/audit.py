@@ -14,6 +14,7 @@ The HTTP layer does the second part for every route that declares an audit inten
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -91,25 +92,54 @@ async def record(
     """
     if actor is None:
         return None
-    event_id = new_id()
-    await store.audit_insert(
-        tx,
-        {
-            "namespace_id": namespace_id,
-            "id": event_id,
-            "credential_id": actor.credential_id,
-            "application_id": actor.application_id,
-            "action": action,
-            "resource_kind": resource_kind,
-            "resource_id": _resource(resource_id),
-            "outcome": str(outcome),
-            "status_code": status_code,
-            "request_id": request_id,
-            "details": None if details is None else _JSON.encode(details).decode(),
-            "now": now,
-        },
-    )
-    return event_id
+    row = _row(actor, action, resource_kind, resource_id, outcome, status_code, namespace_id,
+               request_id, details, now)  # fmt: skip
+    await store.audit_insert(tx, row)
+    id_: bytes = row["id"]
+    return id_
+
+
+async def record_many(tx: Tx, entries: Sequence[dict[str, Any]]) -> None:
+    """:func:`record` for several events (each ``entries`` item its keyword arguments; those
+    with ``actor`` None are skipped) with ONE multi-row INSERT."""
+    rows = [
+        _row(
+            e["actor"], e["action"], e["resource_kind"], e.get("resource_id"),
+            e.get("outcome", Outcome.OK), e.get("status_code", 200),
+            e.get("namespace_id", ZERO_ID), e.get("request_id"), e.get("details"), e.get("now"),
+        )
+        for e in entries
+        if e.get("actor") is not None
+    ]  # fmt: skip
+    await store.audit_insert_many(tx, rows)
+
+
+def _row(
+    actor: Actor,
+    action: str,
+    resource_kind: str,
+    resource_id: bytes | str | None,
+    outcome: Outcome | str,
+    status_code: int,
+    namespace_id: bytes,
+    request_id: str | None,
+    details: dict[str, Any] | None,
+    now: datetime | None,
+) -> dict[str, Any]:
+    return {
+        "namespace_id": namespace_id,
+        "id": new_id(),
+        "credential_id": actor.credential_id,
+        "application_id": actor.application_id,
+        "action": action,
+        "resource_kind": resource_kind,
+        "resource_id": _resource(resource_id),
+        "outcome": str(outcome),
+        "status_code": status_code,
+        "request_id": request_id,
+        "details": None if details is None else _JSON.encode(details).decode(),
+        "now": now,
+    }
 
 
 async def record_detached(db: Database, **kwargs: Any) -> bool:

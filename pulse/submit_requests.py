@@ -6,7 +6,7 @@ row — over :func:`pulse.submit.submit_in_tx`, which judges and writes the item
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -182,7 +182,7 @@ async def submit_round(
                     offered.pushes.extend(got.pushes)
                     offered.rows.update(got.rows)
         answers: list[tuple[int, Submitted | OrbitError]] = []
-        audits: list[Coroutine[Any, Any, None]] = []
+        audits: list[dict[str, Any]] = []
         for key, results in zip(order, per_group, strict=True):
             ns = key[1]
             for i, res in zip(groups[key], results, strict=True):
@@ -199,11 +199,11 @@ async def submit_round(
                         work = frozenset({row["queue_id"]})
                     else:
                         row = leased
-                    audits.append(_audit(tx, item.actor, ns, row["id"], 201, {},
-                                         item.request_id))  # fmt: skip
+                    audits.append(_audit_entry(item.actor, ns, row["id"], 201, {},
+                                               item.request_id))  # fmt: skip
                 body = _REPLY_ENCODER.encode(task_body(row, deduplicated=res.deduplicated))
                 answers.append((i, Submitted(Reply(res.status, body, False), work)))
-        await tx.pipeline(*audits)  # every item's audit record in one round trip
+        await audit.record_many(tx, audits)  # every item's audit record: ONE INSERT
         return answers, offered
 
     if groups:
@@ -229,18 +229,30 @@ async def _audit(
 ) -> None:
     if actor is None:
         return
-    await audit.record(
-        tx,
-        actor=actor,
-        action=OPERATION,
-        resource_kind="task",
-        resource_id=task_id,
-        outcome=audit.outcome_for_status(status),
-        status_code=status,
-        namespace_id=namespace_id,
-        request_id=request_id,
-        details=details or None,
-    )
+    await audit.record(tx, **_audit_entry(actor, namespace_id, task_id, status, details,
+                                          request_id))  # fmt: skip
+
+
+def _audit_entry(
+    actor: Actor | None,
+    namespace_id: bytes,
+    task_id: bytes | None,
+    status: int,
+    details: dict[str, Any],
+    request_id: str | None,
+) -> dict[str, Any]:
+    """The keyword arguments of one submit's :func:`orbit.audit.record`."""
+    return {
+        "actor": actor,
+        "action": OPERATION,
+        "resource_kind": "task",
+        "resource_id": task_id,
+        "outcome": audit.outcome_for_status(status),
+        "status_code": status,
+        "namespace_id": namespace_id,
+        "request_id": request_id,
+        "details": details or None,
+    }
 
 
 async def _count_denial(db: Database, namespace_id: bytes, queue_name: str) -> None:

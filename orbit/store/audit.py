@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +13,12 @@ Q = load_queries(__file__, "audit")
 
 async def audit_insert(tx: Tx, row: dict[str, Any]) -> None:
     await tx.execute(Q.audit_insert, row)
+
+
+async def audit_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
+    """Several audit events with ONE multi-row INSERT."""
+    if rows:
+        await tx.executemany(Q.audit_insert, rows)
 
 
 async def audit_list_recent(tx: Tx, namespace_id: bytes, limit: int) -> list[dict[str, Any]]:

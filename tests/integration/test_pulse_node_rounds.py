@@ -263,3 +263,35 @@ async def test_a_heartbeat_round_touches_an_instance_at_most_every_ten_seconds(d
     await heartbeat_round(db, [(info.namespace_id, info.session_id, [])])
     touched, _ = await seen()
     assert touched > old and touched >= registered  # old enough: moved to the round's time
+
+
+async def test_a_submit_round_writes_every_items_audit_record_in_one_insert(db, tenant) -> None:
+    from orbit.audit import Actor
+    from orbit.storage import db as storage_db
+    from orbit.store import audit as audit_store
+    from pulse import submit
+
+    a, b = await tenant(), await tenant()
+    items = [
+        (t.namespace_id, t.application_id,
+         submit.SingleSubmit(_body(), Actor(None, t.application_id), f"r-{i}"))
+        for i, t in enumerate([a, b, a])
+    ]  # fmt: skip
+    previous, log = storage_db.STATEMENT_LOG, []
+    storage_db.STATEMENT_LOG = log
+    try:
+        out = await submit.submit_round(db, items)
+    finally:
+        storage_db.STATEMENT_LOG = previous
+    assert [getattr(o, "status", None) for o in out] == [201, 201, 201]
+    assert log.count(audit_store.Q.audit_insert) == 1  # ONE multi-row INSERT for the round
+
+    async def recorded(tx: Tx) -> list[str]:
+        rows = await tx.fetchall(
+            "SELECT request_id FROM orbit_audit_events WHERE namespace_id IN (%s, %s)"
+            " AND request_id LIKE 'r-%%' ORDER BY request_id",
+            (a.namespace_id, b.namespace_id),
+        )
+        return [r["request_id"] for r in rows]
+
+    assert await db.read(recorded) == ["r-0", "r-1", "r-2"]
