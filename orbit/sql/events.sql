@@ -61,7 +61,7 @@ INSERT INTO orbit_result_events
 VALUES
   (%(namespace_id)s, %(seq)s, %(event_id)s, %(type)s, %(task_id)s, %(queue)s, %(kind)s,
    %(owner_id)s, %(state)s, %(result)s, %(error)s, %(attempts)s, %(finished_at)s,
-   %(created_at)s)
+   COALESCE(%(created_at)s, UTC_TIMESTAMP(6)))
 
 -- name: result_event_list_after
 SELECT namespace_id, seq, event_id, type, task_id, queue, kind, owner_id, state, result,

@@ -101,9 +101,10 @@ class _CommitConflict(Exception):
         self.cause = cause
 
 
-#: One statement's outcome in a pipeline round: (count, rows or None), or the DuplicateKey it
-#: raised (the last entry of a round: the statements after it did not run).
-_Out = tuple[int, list[Row] | None] | DuplicateKey
+#: One statement's outcome in a pipeline round: (count, rows or None, insert id), or the
+#: DuplicateKey it raised (the last entry of a round: the statements after it did not run).
+_Ran = tuple[int, list[Row] | None, int]
+_Out = _Ran | DuplicateKey
 
 
 class _Queued:
@@ -119,8 +120,8 @@ class _Queued:
     def __init__(self, sqls: list[str]) -> None:
         self.sqls = sqls
 
-    def __await__(self) -> Generator[Any, Any, list[tuple[int, list[Row] | None]]]:
-        got: list[tuple[int, list[Row] | None]] = []
+    def __await__(self) -> Generator[Any, Any, list[_Ran]]:
+        got: list[_Ran] = []
         sqls = self.sqls
         while sqls:
             outs: list[_Out] = yield _Raw(sqls)
@@ -177,7 +178,7 @@ class Tx:
         A duplicate key becomes :class:`DuplicateKey` naming the index.
         """
         if self._piping:
-            ((n, self._rows),) = await _Queued([self._render(sql, args)])
+            ((n, self._rows, self.lastrowid),) = await _Queued([self._render(sql, args)])
             return n
         self.round_trips += 1
         if STATEMENT_LOG is not None:
@@ -201,7 +202,7 @@ class Tx:
         sql = _LEADING_COMMENTS.sub("", sql)
         if self._piping:
             rendered = self._render_many(sql, list(args))
-            return sum(n for n, _ in await _Queued(rendered))
+            return sum(n for n, _, _ in await _Queued(rendered))
         self.round_trips += 1
         try:
             n = await self._cur.executemany(sql, list(args))
@@ -226,7 +227,7 @@ class Tx:
         if not statements:
             return []
         if self._piping:
-            return [n for n, _ in await _Queued([self._render(q, a) for q, a in statements])]
+            return [n for n, _, _ in await _Queued([self._render(q, a) for q, a in statements])]
         if len(statements) == 1:
             return [await self.execute(*statements[0])]
         self.round_trips += 1
@@ -376,7 +377,7 @@ class Tx:
             await cur.execute("\n;\n".join(sqls))
             while True:
                 rows = list(await cur.fetchall()) if cur.description else None
-                outs.append((max(int(cur.rowcount or 0), 0), rows))
+                outs.append((max(int(cur.rowcount or 0), 0), rows, int(cur.lastrowid or 0)))
                 if len(outs) == len(sqls) or not await cur.nextset():
                     break
         except Exception as exc:

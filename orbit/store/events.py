@@ -80,10 +80,17 @@ async def event_list_for_subject(
 
 async def event_streams_advance_many(
     tx: Tx, counts: dict[bytes, int], now: datetime | None
-) -> tuple[dict[bytes, int], datetime]:
+) -> tuple[dict[bytes, int], datetime | None]:
     """Take ``counts[ns]`` sequence numbers on each namespace's stream row in ONE upsert (rows
     in namespace order), then read the new tops; return (last_seq by namespace, the time to
-    stamp). The rows stay locked by this transaction until it ends."""
+    stamp: ``now``, the database clock read with the tops, or None when the write answered
+    the top itself — the caller's INSERT then stamps with the database clock). The rows stay
+    locked by this transaction until it ends.
+
+    One namespace whose stream row exists (the usual round): the upsert answers the new top
+    itself (``LAST_INSERT_ID(expr)`` in its UPDATE part, sent back as the statement's insert
+    id) and nothing is read. The insert id is taken only when the statement updated the row
+    (two affected rows); a new row (one) is read back as before."""
     order = sorted(counts)
     values = ", ".join(["(%s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))"] * len(order))
     args: list[Any] = []
@@ -92,14 +99,21 @@ async def event_streams_advance_many(
     upsert = (
         "INSERT INTO orbit_event_streams (namespace_id, last_seq, updated_at) VALUES "
         + values
-        + " ON DUPLICATE KEY UPDATE last_seq = last_seq + VALUES(last_seq),"
+        + " ON DUPLICATE KEY UPDATE last_seq = LAST_INSERT_ID(last_seq + VALUES(last_seq)),"
         " updated_at = VALUES(updated_at)"
     )
     read = (
         "SELECT namespace_id, last_seq, UTC_TIMESTAMP(6) AS db_now FROM orbit_event_streams"
         " WHERE namespace_id IN (" + ", ".join(["%s"] * len(order)) + ")"
     )
-    _, rows = await tx.pipeline(tx.execute(upsert, args), tx.fetchall(read, order))
+    if len(order) == 1:
+        changed = await tx.execute(upsert, args)
+        top = tx.lastrowid or 0
+        if changed == 2 and top > 0:
+            return {order[0]: int(top)}, now
+        rows = await tx.fetchall(read, order)
+    else:
+        _, rows = await tx.pipeline(tx.execute(upsert, args), tx.fetchall(read, order))
     tops = {bytes(r["namespace_id"]): int(r["last_seq"]) for r in rows}
     stamp = now or rows[0]["db_now"]
     return tops, stamp

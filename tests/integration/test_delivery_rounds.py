@@ -391,3 +391,30 @@ async def test_a_hand_out_skips_the_steps_its_probe_found_nothing_for(db: Databa
     assert rstore.Q.range_list_expired_for_update in rec  # the probe saw it: reclaimed
     info = await delivery_history.get_delivery(db, t.namespace_id, first.deliveries[0].delivery_id)
     assert info.state != "LEASED" or info.attempts == 2
+
+
+async def test_a_result_round_of_one_namespace_takes_its_numbers_without_a_read(
+    db: Database,
+) -> None:
+    """The stream row's upsert answers the new top itself once the row exists (the first
+    round, which inserts the row, reads it back): consecutive numbers, stamped by the
+    database clock, and no read of the stream row."""
+    t = await make_tenant(db)
+    with recorded() as first:
+        assert await append_results(db, t.namespace_id, 2) == [1, 2]
+    assert [s for s in first if s.startswith("SELECT namespace_id, last_seq")]  # a new row
+    with recorded() as rec:
+        assert await append_results(db, t.namespace_id, 3) == [3, 4, 5]
+    assert not [s for s in rec if s.startswith("SELECT namespace_id, last_seq")]
+    other = await make_tenant(db)
+    assert await append_results(db, other.namespace_id, 1) == [1]  # its own numbering
+
+    async def stored(tx: Tx) -> list[tuple[int, bool]]:
+        rows = await tx.fetchall(
+            "SELECT seq, created_at > UTC_TIMESTAMP(6) - INTERVAL 1 HOUR AS fresh"
+            " FROM orbit_result_events WHERE namespace_id = %s ORDER BY seq",
+            (t.namespace_id,),
+        )
+        return [(int(r["seq"]), bool(r["fresh"])) for r in rows]
+
+    assert await db.read(stored) == [(n, True) for n in range(1, 6)]
