@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.storage import Tx, load_queries
+from orbit.store.multirow import multi_row
 
 Q = load_queries(__file__, "audit")
 
@@ -17,8 +18,8 @@ async def audit_insert(tx: Tx, row: dict[str, Any]) -> None:
 
 async def audit_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
     """Several audit events with ONE multi-row INSERT."""
-    if rows:
-        await tx.executemany(Q.audit_insert, rows)
+    if rows:  # its VALUES hold an expression: executemany would send one INSERT per row
+        await tx.execute(*multi_row(Q.audit_insert, rows))
 
 
 async def audit_list_recent(tx: Tx, namespace_id: bytes, limit: int) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.storage import Tx, load_queries
+from orbit.store.multirow import multi_row
 
 Q = load_queries(__file__, "events")
 
@@ -120,8 +121,8 @@ async def event_streams_advance_many(
 
 
 async def result_event_insert_many(tx: Tx, rows: Sequence[dict[str, Any]]) -> None:
-    if rows:
-        await tx.executemany(Q.result_event_insert_many, rows)
+    if rows:  # its VALUES hold an expression: executemany would send one INSERT per row
+        await tx.execute(*multi_row(Q.result_event_insert_many, rows))
 
 
 async def result_event_list_after(

@@ -418,3 +418,42 @@ async def test_a_result_round_of_one_namespace_takes_its_numbers_without_a_read(
         return [(int(r["seq"]), bool(r["fresh"])) for r in rows]
 
     assert await db.read(stored) == [(n, True) for n in range(1, 6)]
+
+
+async def _com_insert(tx: Tx) -> int:
+    row = await tx.fetchone("SHOW SESSION STATUS LIKE 'Com_insert'")
+    assert row is not None
+    return int(row["Value"])
+
+
+async def test_result_events_and_audit_records_are_one_insert_each(db: Database) -> None:
+    """Both INSERTs stamp with an expression in their VALUES, which the drivers' executemany
+    would send as one statement per row: the server counts ONE INSERT for each batch."""
+    from orbit import audit, events
+    from orbit.events import ResultSnapshot
+
+    t = await make_tenant(db)
+    await append_results(db, t.namespace_id, 1)  # the stream row exists
+
+    async def run(tx: Tx) -> tuple[int, int]:
+        snaps = [
+            ResultSnapshot(task_id=new_id(), queue="q", kind="k", owner_id=bytes(16),
+                           state="SUCCEEDED", result={"i": i}, attempts=1)
+            for i in range(3)
+        ]  # fmt: skip
+        before = await _com_insert(tx)
+        seqs = await events.append_result_events(tx, t.namespace_id, snaps)
+        assert seqs == [2, 3, 4]
+        mid = await _com_insert(tx)
+        actor = audit.Actor(None, bytes(16))
+        entries = [
+            {"actor": actor, "action": "task.submit", "resource_kind": "task",
+             "namespace_id": t.namespace_id, "request_id": f"r-{i}"}
+            for i in range(3)
+        ]  # fmt: skip
+        await audit.record_many(tx, entries)
+        return mid - before, await _com_insert(tx) - mid
+
+    results, audits = await db.transaction(run)
+    assert results == 2  # the stream row's upsert and ONE INSERT of the three events
+    assert audits == 1
