@@ -8,7 +8,9 @@ peer sends meanwhile only to discard it. A peer flooding its stream keeps the no
 thousands of frames after the close, frames no one will read. Here, once the close is
 sent, the peer may send at most :data:`AFTER_CLOSE_BYTES` more (room for its close reply
 behind frames already in flight); past that the TCP connection is closed at once. A peer
-that answers the close handshake normally sees no difference.
+that answers the close handshake normally sees no difference; one that goes on sending after
+the close breaks the closing handshake (RFC 6455 section 5.5.1) and may see the connection
+reset before it has read the close frame (1006 instead of the code sent).
 """
 
 from __future__ import annotations
