@@ -25,7 +25,7 @@ from chaos import ChaosResult, private_run, run_chaos
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 from reliability_support import record_figures
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 KINDS = ("sigkill_worker", "sigkill_node", "kill_db_connection", "sigstop_worker", "sigkill_subscriber")
 

@@ -23,7 +23,7 @@ from cluster_chaos import cluster_run
 from galera import probe
 from reliability_support import record_figures
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 
 def test_short_cluster_run_has_no_anomalies(tmp_path: Path) -> None:
