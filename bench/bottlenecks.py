@@ -114,10 +114,11 @@ def lines(out: dict[str, Any], missed: list[str]) -> list[str]:
         text["s2"] = (
             f"**S2 (idle dispatch latency).** p50 {_num(hs.get('p50_ms'), 1)} ms, p99 "
             f"{_num(hs.get('p99_ms'), 1)} against PgQueuer's {_num(pq.get('p50_ms'), 1)} / "
-            f"{_num(pq.get('p99_ms'), 1)}: the two-step dispatch puts three durable "
-            "transactions in a row on the path (submit, dispatch, start). What would break "
-            "it: offering in the submit's own transaction when a session waits and nothing "
-            "older or more urgent is due (a lock-order change that needs its own design)."
+            f"{_num(pq.get('p99_ms'), 1)}: an idle submit reaches its worker through two "
+            "durable transactions (the submit, which offers the task to the waiting session "
+            "itself, then the start), each behind an HTTP or WebSocket hop and a node round. "
+            "What would break it: cheaper submit and start transactions (fewer statements, "
+            "one round trip each) and fewer event-loop hops between them."
         )
     if "s4_1m_vs_10k" in m:
         levels = _get(raw, "s4", "levels") or {}
