@@ -112,6 +112,7 @@ class ScratchDatabase:
         self.dsn = self.server.with_database(self.name)
         #: Migrate and bootstrap with this checkout's code (None: this tree).
         self.tree = tree
+        self._queue_index: str | None = None
 
     def url(self) -> str:
         return self.dsn.url(hide_password=False)
@@ -180,6 +181,22 @@ class ScratchDatabase:
             with conn.cursor() as cur:
                 cur.execute("SET SESSION sql_log_bin = 0")
         return conn
+
+    async def queue_state_index(self) -> str:
+        """The index of ``pulse_tasks`` that leads with (namespace_id, queue_id, state) in
+        this database's schema, for the bench's counts: ``ix_pulse_tasks_fair``, or
+        ``ix_pulse_tasks_dispatch`` in a tree from before migration 0018 (a
+        ``--baseline-tree`` checkout)."""
+        if self._queue_index is None:
+            rows = await self.query(
+                "SELECT DISTINCT index_name FROM information_schema.statistics"
+                " WHERE table_schema = DATABASE() AND table_name = 'pulse_tasks'"
+                " AND index_name IN ('ix_pulse_tasks_fair', 'ix_pulse_tasks_dispatch')"
+            )
+            names = {str(r[0]) for r in rows}
+            fair = "ix_pulse_tasks_fair" in names
+            self._queue_index = "ix_pulse_tasks_fair" if fair else "ix_pulse_tasks_dispatch"
+        return self._queue_index
 
     async def query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         """The rows of one statement on a fresh autocommit connection, run in a thread (the

@@ -131,10 +131,11 @@ async def make_owners(url: str, admin_key: str, n: int) -> list[Tenant]:
 
 
 async def _count_done(db: ScratchDatabase, namespaces: list[str], queue: str) -> int:
+    index = await db.queue_state_index()
     ((n,),) = await db.query(
         "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
         " ON q.namespace_id = n.id AND q.name = %s"
-        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)"
+        f" JOIN pulse_tasks t FORCE INDEX ({index})"
         " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id"
         " AND t.state = 'SUCCEEDED' WHERE n.name IN %s",
         (queue, list(namespaces)),

@@ -138,13 +138,14 @@ class Results:
 
 
 async def count_state(db: ScratchDatabase, namespace: str, queue: str, state: str) -> int:
-    # By queue id: a range of ix_pulse_tasks_fair (namespace, queue, state). (By
-    # queue_name it read every task of the namespace in that state, seconds a call with S4's
-    # backlog, and loaded the database during the window.)
+    # By queue id: a range of the (namespace, queue, state) index. (By queue_name it read
+    # every task of the namespace in that state, seconds a call with S4's backlog, and
+    # loaded the database during the window.)
+    index = await db.queue_state_index()
     ((n,),) = await db.query(
         "SELECT COUNT(*) FROM orbit_namespaces n JOIN pulse_queues q"
         " ON q.namespace_id = n.id AND q.name = %s"
-        " JOIN pulse_tasks t FORCE INDEX (ix_pulse_tasks_fair)"
+        f" JOIN pulse_tasks t FORCE INDEX ({index})"
         " ON t.namespace_id = q.namespace_id AND t.queue_id = q.id AND t.state = %s"
         " WHERE n.name = %s",
         (queue, state, namespace),
