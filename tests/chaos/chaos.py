@@ -77,6 +77,10 @@ from orbit.storage import DSN  # noqa: E402
 LEASE_MS = 2000
 SCHEDULE_EVERY_MS = 1000
 NOACK_BUDGET = 3
+#: The producer's pace: at most this many submits a second (ORBIT_CHAOS_SUBMITS_PER_S). The
+#: workers' capacity is fixed (about 20 tasks a second here); an unpaced producer on a fast
+#: server outruns it, the backlog grows for the whole run and cannot drain in the settle.
+SUBMITS_PER_S = float(os.environ.get("ORBIT_CHAOS_SUBMITS_PER_S", "12"))
 
 WORKER = r"""
 import asyncio, logging, os, random, sys
@@ -434,7 +438,13 @@ def _producer(cluster: Cluster, stop: threading.Event, res: ChaosResult, rec: hi
     first_task: list[tuple[str, str]] = []
     unsent: list[tuple[str, str]] = []  # (key, body) of submits whose answer was never seen
     n = 0
+    next_at = time.monotonic()
     while not stop.is_set():
+        next_at += 1.0 / SUBMITS_PER_S
+        if (wait := next_at - time.monotonic()) > 0:
+            stop.wait(wait)
+        else:
+            next_at = time.monotonic()  # behind (a node was down): no burst to catch up
         urls = cluster.urls()
         if not urls:
             time.sleep(0.1)

@@ -110,8 +110,41 @@ def _root_field(name: str) -> str:
     return name.split(".")[0].split("[")[0]
 
 
+def _query_valid(case: Any, params: dict[str, dict[str, Any]]) -> bool:
+    """Whether every query value of ``case`` is valid for its parameter as the document states
+    it (integers within their bounds, empty where ``allowEmptyValue``, enum members); any
+    other kind of parameter is not judged here (False)."""
+    for name, value in (case.query or {}).items():
+        param = params.get(name)
+        if param is None:
+            return False
+        schema = param.get("schema", {})
+        if schema.get("type") == "integer":
+            if value == "" and param.get("allowEmptyValue"):
+                continue
+            text = str(value)
+            if isinstance(value, bool) or not (text.isascii() and text.isdigit()):
+                return False
+            if not schema.get("minimum", 0) <= int(text) <= schema.get("maximum", int(text)):
+                return False
+        elif "enum" in schema:
+            if value not in schema["enum"]:
+                return False
+        else:
+            return False
+    return True
+
+
+#: What schemathesis reports as invalid but is not, for this test: the Authorization header
+#: it dropped (``send`` always adds the key back) and a value that violates one branch of an
+#: ``anyOf`` (an integer that may be empty is ``anyOf: [integer, ""]``), which the other
+#: branch may accept — such a case counts only if its query really breaks the document.
+_NOT_INVALID = ("header: violates `required` (was Authorization)", "/anyOf/")
+
+
 def _judge(case: Any, r: Any, positive: bool, documented: set[str], log: Conformance,
-           negative_check: Any, response_check: Any, send: Callable[[Any], Any]) -> None:  # fmt: skip
+           negative_check: Any, response_check: Any, send: Callable[[Any], Any],
+           params: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
     status = r.status_code
     label = f"{case.method.upper()} {case.operation.path}"
     log.add("positive" if positive else "negative", label, status)
@@ -141,6 +174,10 @@ def _judge(case: Any, r: Any, positive: bool, documented: set[str], log: Conform
             case.validate_response(r, checks=[negative_check])
         except (Exception, BaseExceptionGroup) as e:  # schemathesis's failure types
             lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+            parts = [x for x in lines if x.startswith("- ")]
+            if (parts and case.body is None and params is not None and _query_valid(case, params)
+                    and all(any(n in x for n in _NOT_INVALID) for x in parts)):  # fmt: skip
+                return
             log.mismatch(f"{label}: schema-invalid request answered {status}: "
                          + " | ".join(lines[2:8])[:500])  # fmt: skip
 
@@ -166,14 +203,14 @@ def test_document_matches_server(server: OrbitServer, fuzz_tenant: CliTenant) ->
         headers = {**(case.headers or {}), **fuzz_tenant.auth}
         return case.call(base_url=server.url, headers=headers, timeout=30)
 
-    def _runner(documented: set[str]) -> Any:
+    def _runner(documented: set[str], params: dict[str, dict[str, Any]]) -> Any:
         def run(item: tuple[Any, bool]) -> None:
             case, positive = item
             if positive and case.body is not None:
                 case.body = _integers_as_integers(case.body)
             r = send(case)
             _judge(case, r, positive, documented, log, negative_data_rejection,
-                   response_schema_conformance, send)  # fmt: skip
+                   response_schema_conformance, send, params)  # fmt: skip
 
         return run
 
@@ -182,6 +219,8 @@ def test_document_matches_server(server: OrbitServer, fuzz_tenant: CliTenant) ->
         if doc["paths"][op.path][op.method.lower()].get("x-websocket"):
             continue
         documented = set(doc["paths"][op.path][op.method.lower()]["responses"])
+        params = {p["name"]: p for p in doc["paths"][op.path][op.method.lower()].get("parameters", [])
+                  if p.get("in") == "query"}  # fmt: skip
         pinned = {k: v for k, v in fixed.items() if any(p.name == k for p in op.path_parameters)}
         strategies = []
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
@@ -194,7 +233,7 @@ def test_document_matches_server(server: OrbitServer, fuzz_tenant: CliTenant) ->
 
         settings(max_examples=EXAMPLES * len(strategies), deadline=None, database=None,
                  suppress_health_check=list(HealthCheck), phases=[Phase.generate])(
-            given(item=st.one_of(*strategies))(_runner(documented))
+            given(item=st.one_of(*strategies))(_runner(documented, params))
         )()  # fmt: skip
     record_figures("openapi_conformance", operations=operations, requests=log.requests,
                    by_mode=log.by_mode, mismatches=len(log.mismatches),
