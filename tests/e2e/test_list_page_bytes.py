@@ -100,6 +100,23 @@ async def test_event_pages_stop_at_the_byte_budget(
     assert [[e["seq"] for e in p] for p in limited] == [[1, 3, 5], [7]]
 
 
+async def _heavy_pages(db: Database, client: Any) -> tuple[Any, Any, str, list[int]]:
+    """Two tenants with a queue each; the heavy one submits three big tasks and reads its task
+    page three times: (heavy, light, heavy's namespace path, the three statuses)."""
+    heavy, light = await new_tenant(db), await new_tenant(db)
+    for t in (heavy, light):
+        ns = f"/v1/namespaces/{t.namespace}"
+        assert (await client.put(f"{ns}/queues/q", json={}, headers=t.auth)).status_code == 201
+    ns = f"/v1/namespaces/{heavy.namespace}"
+    for _ in range(3):
+        r = await client.post(f"{ns}/tasks", headers=heavy.auth,
+                              json={"queue": "q", "kind": "k", "payload": {"b": BLOB}})  # fmt: skip
+        assert r.status_code == 201, r.text
+    statuses = [(await client.get(f"{ns}/tasks", headers=heavy.auth)).status_code
+                for _ in range(3)]  # fmt: skip
+    return heavy, light, ns, statuses
+
+
 async def test_list_bytes_are_budgeted_per_application(db: Database) -> None:
     """A tenant reading big pages in a loop kept the node busy encoding them while every
     other tenant waited; now each application has a budget of list bytes per node (429
@@ -107,17 +124,7 @@ async def test_list_bytes_are_budgeted_per_application(db: Database) -> None:
     app = make_app(db, pulse_routes, max_page_bytes=BUDGET, list_bytes_per_s=1,
                    list_bytes_burst=20_000)  # fmt: skip
     async with asgi_client(app) as client:
-        heavy, light = await new_tenant(db), await new_tenant(db)
-        for t in (heavy, light):
-            ns = f"/v1/namespaces/{t.namespace}"
-            assert (await client.put(f"{ns}/queues/q", json={}, headers=t.auth)).status_code == 201
-        ns = f"/v1/namespaces/{heavy.namespace}"
-        for _ in range(3):
-            r = await client.post(f"{ns}/tasks", headers=heavy.auth,
-                                  json={"queue": "q", "kind": "k", "payload": {"b": BLOB}})  # fmt: skip
-            assert r.status_code == 201, r.text
-        statuses = [(await client.get(f"{ns}/tasks", headers=heavy.auth)).status_code
-                    for _ in range(3)]  # fmt: skip
+        heavy, light, ns, statuses = await _heavy_pages(db, client)
         assert statuses[:2] == [200, 200] and statuses[2] == 429, statuses
         r = await client.get(f"{ns}/tasks", headers=heavy.auth)
         assert r.json()["error"]["code"] == "rate_limited" and int(r.headers["Retry-After"]) >= 1
@@ -138,17 +145,7 @@ async def test_a_refused_list_page_refuses_the_next_ones_before_any_database_wor
     app = make_app(db, pulse_routes, max_page_bytes=BUDGET, list_bytes_per_s=1,
                    list_bytes_burst=20_000)  # fmt: skip
     async with asgi_client(app) as client:
-        heavy, light = await new_tenant(db), await new_tenant(db)
-        for t in (heavy, light):
-            ns = f"/v1/namespaces/{t.namespace}"
-            assert (await client.put(f"{ns}/queues/q", json={}, headers=t.auth)).status_code == 201
-        ns = f"/v1/namespaces/{heavy.namespace}"
-        for _ in range(3):
-            r = await client.post(f"{ns}/tasks", headers=heavy.auth,
-                                  json={"queue": "q", "kind": "k", "payload": {"b": BLOB}})  # fmt: skip
-            assert r.status_code == 201, r.text
-        statuses = [(await client.get(f"{ns}/tasks", headers=heavy.auth)).status_code
-                    for _ in range(3)]  # fmt: skip
+        heavy, light, ns, statuses = await _heavy_pages(db, client)
         assert statuses == [200, 200, 429], statuses
         transactions = db.stats.commits + db.stats.rollbacks
         for limit in (500, 1):  # even a page the budget could pay, inside the window
